@@ -1,0 +1,32 @@
+// comm::Communicator: the collectives data-parallel training needs, on flat buffers of a
+// DType. Backends: MPI (comm/mpi); NCCL and the hierarchical one arrive with their issues.
+// Float sums in fp16/bf16 add in fp32 and round once per add.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.hpp"
+
+namespace ringtrain::comm {
+
+enum class ReduceOp { sum, max, min };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual const char* backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;  // among the ranks of this node
+  virtual int local_size() const = 0;
+  virtual int node() const = 0;        // index of this node, 0..num_nodes-1
+  virtual int num_nodes() const = 0;
+
+  virtual void allreduce(void* buf, int64_t count, DType dtype, ReduceOp op = ReduceOp::sum) = 0;
+  virtual void broadcast(void* buf, int64_t count, DType dtype, int root) = 0;
+  // recv holds size() * count elements, rank r's contribution at r * count.
+  virtual void allgather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace ringtrain::comm

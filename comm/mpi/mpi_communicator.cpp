@@ -1,0 +1,152 @@
+// MPI communicator: node discovery, the collectives, and the user-defined MPI_Ops that sum
+// fp16/bf16 with each add done in fp32 and rounded once (MPI has no 16-bit float types).
+#include "comm/mpi/mpi_communicator.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <string>
+
+#include "comm/mpi/mpi_check.hpp"
+
+namespace ringtrain::comm {
+
+std::string mpi_error_context(int code, const char* stmt) {
+  char err[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(code, err, &len);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  int rank = -1, inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return cat("rank ", rank, " on ", host, ": ", stmt, " failed: ", err);
+}
+
+namespace {
+
+template <uint16_t (*Store)(float), float (*Load)(uint16_t)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+}
+
+struct Ops16 {
+  MPI_Op sum_f16 = MPI_OP_NULL, sum_bf16 = MPI_OP_NULL;
+};
+
+// Created once per process, after MPI_Init; freed by MPI_Finalize.
+const Ops16& ops16() {
+  static Ops16 ops;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_CHECK(MPI_Op_create(&sum16<float_to_half, half_to_float>, 1, &ops.sum_f16));
+    MPI_CHECK(MPI_Op_create(&sum16<float_to_bf16, bf16_to_float>, 1, &ops.sum_bf16));
+  });
+  return ops;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::f64: return MPI_DOUBLE;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::f16 || t == DType::bf16) {
+    RT_CHECK(op == ReduceOp::sum, "only sum is implemented for ", dtype_name(t));
+    return t == DType::f16 ? ops16().sum_f16 : ops16().sum_bf16;
+  }
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+// MPI counts are int: large buffers go in pieces of at most 1 Gi elements.
+constexpr int64_t kMaxCount = int64_t(1) << 30;
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  MPI_Comm local;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
+  MPI_CHECK(MPI_Comm_size(local, &local_size_));
+  // Node index: the rank of this node's leader among all leaders, shared within the node.
+  MPI_Comm leaders;
+  MPI_CHECK(MPI_Comm_split(comm_, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+  if (local_rank_ == 0) {
+    MPI_CHECK(MPI_Comm_rank(leaders, &node_));
+    MPI_CHECK(MPI_Comm_size(leaders, &num_nodes_));
+    MPI_CHECK(MPI_Comm_free(&leaders));
+  }
+  int layout[2] = {node_, num_nodes_};
+  MPI_CHECK(MPI_Bcast(layout, 2, MPI_INT, 0, local));
+  node_ = layout[0];
+  num_nodes_ = layout[1];
+  MPI_CHECK(MPI_Comm_free(&local));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  char* p = static_cast<char*>(buf);
+  const size_t esize = dtype_size(dtype);
+  for (int64_t done = 0; done < count;) {
+    const int n = int(std::min(kMaxCount, count - done));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, n, mpi_type(dtype),
+                            mpi_op(op, dtype), comm_));
+    done += n;
+  }
+}
+
+void MpiCommunicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
+  char* p = static_cast<char*>(buf);
+  const size_t esize = dtype_size(dtype);
+  for (int64_t done = 0; done < count;) {
+    const int n = int(std::min(kMaxCount, count - done));
+    MPI_CHECK(MPI_Bcast(p + done * esize, n, mpi_type(dtype), root, comm_));
+    done += n;
+  }
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DType dtype) {
+  RT_CHECK(count <= INT_MAX, "allgather of ", count, " elements per rank");
+  MPI_CHECK(MPI_Allgather(send, int(count), mpi_type(dtype), recv, int(count), mpi_type(dtype),
+                          comm_));
+}
+
+void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::string mpi_library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, size_t(len));
+  auto nl = s.find_first_of("\r\n");
+  if (nl != std::string::npos) s.resize(nl);
+  while (!s.empty() && (s.back() == ',' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace ringtrain::comm

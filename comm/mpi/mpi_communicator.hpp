@@ -1,0 +1,43 @@
+// The MPI backend of comm::Communicator. Wraps a duplicate of the given communicator (so
+// ringtrain's traffic never mixes with the caller's) and finds the node layout with
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "comm/communicator.hpp"
+
+namespace ringtrain::comm {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  const char* backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  int node() const override { return node_; }
+  int num_nodes() const override { return num_nodes_; }
+
+  void allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) override;
+  void broadcast(void* buf, int64_t count, DType dtype, int root) override;
+  void allgather(const void* send, void* recv, int64_t count, DType dtype) override;
+  void barrier() override;
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, node_ = 0, num_nodes_ = 1;
+};
+
+// "Open MPI v4.1.4, ..." (first line of MPI_Get_library_version).
+std::string mpi_library_version();
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,65 @@
+// ModelSpec (a model's name and options, stored in checkpoints as JSON) and Model: a
+// sequence of layers over one flat parameter store (fp32 masters, compute-dtype working
+// copy, compute-dtype gradients), the layout that bucketing, fused optimizers and
+// checkpoints rely on.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/layers.hpp"
+
+namespace ringtrain {
+
+struct ModelSpec {
+  std::string name = "mlp";
+  Shape input;                  // one sample, e.g. [1, 28, 28] or [784]
+  std::vector<int64_t> hidden;  // mlp: hidden layer widths
+  int64_t classes = 10;
+
+  std::string to_json() const;  // canonical: equal specs give equal strings
+  static ModelSpec from_json(const std::string& json);  // input error when malformed
+};
+
+class Model {
+ public:
+  Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType compute);
+
+  const ModelSpec& spec() const { return spec_; }
+  DType compute_dtype() const { return compute_; }
+  int64_t num_params() const { return num_params_; }
+  std::vector<Param>& params() { return params_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+
+  Tensor master() const { return flat(master_, DType::f32); }   // fp32 masters
+  // The compute-dtype working copy; in fp32 it is the masters themselves.
+  Tensor work() const { return compute_ == DType::f32 ? master() : flat(work_, compute_); }
+  Tensor grad() const { return flat(grad_, compute_); }         // compute-dtype gradients
+
+  // Draws the masters from `seed` (one stream per parameter name, so the values do not
+  // depend on the layer order) and refreshes the working copy.
+  void init_parameters(uint64_t seed, kernels::Backend& backend);
+  // After the masters were replaced (checkpoint, broadcast): working copy = cast(masters).
+  void refresh_working_copy(kernels::Backend& backend);
+
+  // Logits in fp32 (the precision policy keeps the last layer's output in fp32).
+  const Tensor& forward(Context& ctx, const Tensor& x);
+  // Writes every parameter gradient (compute dtype) into grad().
+  void backward(Context& ctx, const Tensor& dlogits);
+
+ private:
+  Tensor flat(const Buffer& b, DType t) const { return Tensor(b.data(), {num_params_}, t); }
+
+  ModelSpec spec_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  DType compute_;
+  int64_t num_params_ = 0;
+  std::vector<Param> params_;
+  Buffer master_, work_, grad_;
+};
+
+// Builds the model a spec names; input error for an unknown name or bad options.
+std::unique_ptr<Model> build_model(const ModelSpec& spec, DType compute);
+
+}  // namespace ringtrain

@@ -1,0 +1,69 @@
+// SGD (momentum, Nesterov, weight decay) and AdamW, each a thin owner of its state that
+// calls the backend's fused kernel over the whole flat buffer in one launch.
+#include "core/optimizer.hpp"
+
+#include "core/error.hpp"
+
+namespace ringtrain {
+
+Optimizer::Optimizer(int64_t n, std::vector<std::string> names) : n_(n), names_(std::move(names)) {
+  for (size_t i = 0; i < names_.size(); ++i) state_.emplace_back(size_t(n) * 4);
+}
+
+namespace {
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimizerConfig& c, int64_t n)
+      : Optimizer(n, c.momentum != 0.f ? std::vector<std::string>{"momentum"}
+                                        : std::vector<std::string>{}),
+        cfg_{c.lr, c.momentum, c.weight_decay, c.nesterov} {}
+  const char* name() const override { return "sgd"; }
+  void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+            float lr) override {
+    cfg_.lr = lr;
+    Tensor m = state_.empty() ? Tensor() : state(0);
+    be.sgd_step(cfg_, master, grad, state_.empty() ? nullptr : &m, work);
+    ++steps_;
+  }
+
+ private:
+  kernels::SgdConfig cfg_;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimizerConfig& c, int64_t n)
+      : Optimizer(n, {"exp_avg", "exp_avg_sq"}),
+        cfg_{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, 1} {}
+  const char* name() const override { return "adamw"; }
+  void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+            float lr) override {
+    cfg_.lr = lr;
+    cfg_.step = ++steps_;
+    be.adamw_step(cfg_, master, grad, state(0), state(1), work);
+  }
+
+ private:
+  kernels::AdamWConfig cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, int64_t n) {
+  RT_REQUIRE(c.lr > 0.f, "--lr ", c.lr, " is not valid; expected a positive learning rate");
+  RT_REQUIRE(c.weight_decay >= 0.f, "--weight-decay ", c.weight_decay, " is negative");
+  if (c.name == "sgd") {
+    RT_REQUIRE(c.momentum >= 0.f && c.momentum < 1.f, "--momentum ", c.momentum,
+               " is not valid; expected a value in [0, 1)");
+    return std::make_unique<Sgd>(c, n);
+  }
+  if (c.name == "adamw") {
+    RT_REQUIRE(c.beta1 >= 0.f && c.beta1 < 1.f && c.beta2 >= 0.f && c.beta2 < 1.f,
+               "--beta1/--beta2 must be in [0, 1), got ", c.beta1, " and ", c.beta2);
+    return std::make_unique<AdamW>(c, n);
+  }
+  throw_input(cat("--optimizer '", c.name, "' is not known; expected sgd or adamw"));
+}
+
+}  // namespace ringtrain

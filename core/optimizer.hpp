@@ -1,0 +1,49 @@
+// Optimizers over the flat fp32 master buffer: SGD with momentum and AdamW. Each keeps its
+// state as flat fp32 buffers laid out like the masters, so a parameter's state is the same
+// slice as the parameter (what the checkpoint writes as /optimizer/<param>/<state>).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "kernels/kernels.hpp"
+
+namespace ringtrain {
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // sgd | adamw
+  float lr = 1e-3f;
+  float momentum = 0.9f;       // sgd
+  bool nesterov = false;       // sgd
+  float weight_decay = 0.f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual const char* name() const = 0;
+  // One update of `master` from the fp32 gradient; `work` (if given) receives the new
+  // values in the compute dtype in the same pass.
+  virtual void step(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                    const Tensor* work, float lr) = 0;
+  // Named flat state buffers ("momentum"; "exp_avg", "exp_avg_sq").
+  const std::vector<std::string>& state_names() const { return names_; }
+  Tensor state(size_t i) const { return Tensor(state_[i].data(), {n_}, DType::f32); }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+ protected:
+  Optimizer(int64_t n, std::vector<std::string> names);
+  int64_t n_;
+  int64_t steps_ = 0;
+  std::vector<std::string> names_;
+  std::vector<Buffer> state_;
+};
+
+// Input error naming --optimizer for an unknown name or a bad hyper-parameter.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t num_params);
+
+}  // namespace ringtrain

@@ -1,0 +1,233 @@
+// HDF5 helpers (see hdf5.hpp).
+#include "io/hdf5.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace ringtrain::io {
+
+namespace {
+herr_t collect(unsigned n, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::string*>(data);
+  if (n < 3 && e->desc && *e->desc) *out += cat(n ? "; " : "", e->func_name, ": ", e->desc);
+  return 0;
+}
+}  // namespace
+
+std::string h5_error_stack() {
+  std::string out;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &out);
+  return out.empty() ? "no HDF5 error message" : out;
+}
+
+void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+void H5Id::reset() {
+  if (id_ < 0) return;
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE: H5Fclose(id_); break;
+    case H5I_GROUP: H5Gclose(id_); break;
+    case H5I_DATASET: H5Dclose(id_); break;
+    case H5I_DATASPACE: H5Sclose(id_); break;
+    case H5I_DATATYPE: H5Tclose(id_); break;
+    case H5I_ATTR: H5Aclose(id_); break;
+    case H5I_GENPROP_LST: H5Pclose(id_); break;
+    default: break;
+  }
+  id_ = H5I_INVALID_HID;
+}
+
+H5Id open_file_readonly(const std::string& path, const char* role) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  RT_REQUIRE(fs::exists(path, ec), role, " '", path, "' does not exist");
+  RT_REQUIRE(!fs::is_directory(path, ec), role, " '", path,
+             "' is a directory; expected an HDF5 file");
+  RT_REQUIRE(access(path.c_str(), R_OK) == 0, role, " '", path,
+             "' cannot be read: ", std::strerror(errno));
+  RT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, role, " '", path,
+             "' is not an HDF5 file (or is truncated)");
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  RT_REQUIRE(f >= 0, role, " '", path, "' could not be opened as HDF5: ", h5_error_stack());
+  return H5Id(f);
+}
+
+H5Id create_file(const std::string& path) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", h5_error_stack()));
+  return H5Id(f);
+}
+
+bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+
+namespace {
+void write_attr_raw(hid_t obj, const char* name, hid_t type, const void* value) {
+  if (has_attr(obj, name)) H5_CHECK(H5Adelete(obj, name));
+  H5Id space(H5_CHECK(H5Screate(H5S_SCALAR)));
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT)));
+  H5_CHECK(H5Awrite(attr, type, value));
+}
+}  // namespace
+
+void write_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id type(H5_CHECK(H5Tcopy(H5T_C_S1)));
+  H5_CHECK(H5Tset_size(type, value.empty() ? 1 : value.size()));
+  H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
+  std::string v = value.empty() ? std::string(1, '\0') : value;
+  write_attr_raw(obj, name, type, v.data());
+}
+
+void write_attr(hid_t obj, const char* name, int64_t value) {
+  write_attr_raw(obj, name, H5T_NATIVE_INT64, &value);
+}
+
+void write_attr(hid_t obj, const char* name, double value) {
+  write_attr_raw(obj, name, H5T_NATIVE_DOUBLE, &value);
+}
+
+std::optional<std::string> read_attr_string(hid_t obj, const char* name) {
+  if (!has_attr(obj, name)) return std::nullopt;
+  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Aget_type(attr)));
+  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type) > 0) {
+    char* s = nullptr;
+    H5Id mem(H5_CHECK(H5Tcopy(H5T_C_S1)));
+    H5_CHECK(H5Tset_size(mem, H5T_VARIABLE));
+    H5_CHECK(H5Aread(attr, mem, &s));
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  std::string out(H5Tget_size(type), '\0');
+  H5_CHECK(H5Aread(attr, type, out.data()));
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+std::optional<int64_t> read_attr_int(hid_t obj, const char* name) {
+  if (!has_attr(obj, name)) return std::nullopt;
+  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Aget_type(attr)));
+  if (H5Tget_class(type) != H5T_INTEGER) return std::nullopt;
+  int64_t v = 0;
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v));
+  return v;
+}
+
+std::optional<double> read_attr_double(hid_t obj, const char* name) {
+  if (!has_attr(obj, name)) return std::nullopt;
+  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Aget_type(attr)));
+  auto cls = H5Tget_class(type);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
+  double v = 0;
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, &v));
+  return v;
+}
+
+bool has_link(hid_t loc, const std::string& path) {
+  // H5Lexists needs every intermediate component to exist: check them one by one.
+  size_t pos = 0;
+  while (true) {
+    size_t next = path.find('/', pos);
+    std::string part = path.substr(0, next);
+    if (!part.empty() && H5Lexists(loc, part.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (next == std::string::npos) return true;
+    pos = next + 1;
+  }
+}
+
+H5Id create_group(hid_t loc, const std::string& name) {
+  return H5Id(H5_CHECK(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+}
+
+H5Id open_dataset(hid_t loc, const std::string& name) {
+  return H5Id(H5_CHECK(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
+}
+
+Shape dataset_shape(hid_t ds) {
+  H5Id space(H5_CHECK(H5Dget_space(ds)));
+  int rank = H5_CHECK(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
+  return Shape(dims.begin(), dims.end());
+}
+
+hid_t h5_type(DType t) {
+  switch (t) {
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    case DType::i32: return H5T_NATIVE_INT32;
+    case DType::i64: return H5T_NATIVE_INT64;
+    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::f64: return H5T_NATIVE_DOUBLE;
+    case DType::f16:
+    case DType::bf16: return H5T_NATIVE_UINT16;  // stored as their bits
+  }
+  return H5I_INVALID_HID;
+}
+
+std::optional<DType> dataset_dtype(hid_t ds) {
+  H5Id type(H5_CHECK(H5Dget_type(ds)));
+  const size_t size = H5Tget_size(type);
+  switch (H5Tget_class(type)) {
+    case H5T_FLOAT:
+      if (size == 4) return DType::f32;
+      break;
+    case H5T_INTEGER: {
+      const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+      if (size == 1 && !is_signed) return DType::u8;
+      if (size == 4 && is_signed) return DType::i32;
+      if (size == 8 && is_signed) return DType::i64;
+      break;
+    }
+    default: break;
+  }
+  return std::nullopt;
+}
+
+void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t chunk_rows) {
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  if (dims.empty()) dims.push_back(1);
+  H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
+  H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
+  if (t.numel() > 0) {
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row_bytes = hsize_t(t.bytes()) / std::max<hsize_t>(dims[0], 1);
+    hsize_t rows = chunk_rows > 0 ? hsize_t(chunk_rows) : std::max<hsize_t>(1, (1u << 20) / std::max<hsize_t>(row_bytes, 1));
+    chunk[0] = std::min(dims[0], rows);
+    H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
+    H5_CHECK(H5Pset_fletcher32(dcpl));
+  }
+  H5Id ds(H5_CHECK(H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), space, H5P_DEFAULT, dcpl,
+                              H5P_DEFAULT)));
+  if (t.numel() > 0) H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
+}
+
+void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const std::string& what) {
+  RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");
+  H5Id ds = open_dataset(loc, name);
+  Shape shape = dataset_shape(ds);
+  RT_REQUIRE(shape == dst.shape, what, ": dataset '", name, "' has shape ", shape_str(shape),
+             "; expected ", shape_str(dst.shape));
+  if (dst.numel() == 0) return;
+  herr_t rc = H5Dread(ds, h5_type(dst.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.data);
+  RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
+             "); the file may be corrupt");
+}
+
+void fsync_path(const std::string& path, bool dir) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  RT_CHECK(fd >= 0, "open '", path, "' for fsync: ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  RT_CHECK(rc == 0, "fsync '", path, "': ", std::strerror(err));
+  if (dir) fsync_path(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path().string(), false);
+}
+
+}  // namespace ringtrain::io

@@ -1,0 +1,85 @@
+// A thin RAII layer over the HDF5 C API for ringtrain's files: owned ids, H5_CHECK, and
+// helpers for the attributes and datasets the dataset and checkpoint formats use.
+// Errors: a file that is missing or not HDF5 is an input error naming the file; a failed
+// HDF5 call is a runtime error with HDF5's own message stack.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+
+namespace ringtrain::io {
+
+std::string h5_error_stack();  // the innermost messages of HDF5's current error stack
+
+#define H5_CHECK(stmt)                                                                  \
+  ([&] {                                                                                \
+    auto rt_h5_rc_ = (stmt);                                                            \
+    if (rt_h5_rc_ < 0)                                                                  \
+      ::ringtrain::throw_runtime(__FILE__, __LINE__, ::ringtrain::cat(#stmt " failed: ", \
+                                                                      ::ringtrain::io::h5_error_stack())); \
+    return rt_h5_rc_;                                                                   \
+  }())
+
+// An owned hid_t, closed with the function that matches its type.
+class H5Id {
+ public:
+  H5Id() = default;
+  explicit H5Id(hid_t id) : id_(id) {}
+  H5Id(H5Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) { reset(); id_ = o.id_; o.id_ = H5I_INVALID_HID; }
+    return *this;
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  ~H5Id() { reset(); }
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+  void reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+// Opens an existing HDF5 file read-only. `role` ("dataset", "checkpoint") goes into the
+// message when the file is missing, unreadable or not HDF5 (input errors).
+H5Id open_file_readonly(const std::string& path, const char* role);
+H5Id create_file(const std::string& path);  // truncates
+// Makes HDF5 quiet (ringtrain reports errors itself); call once per process.
+void silence_hdf5_errors();
+
+bool has_attr(hid_t obj, const char* name);
+void write_attr(hid_t obj, const char* name, const std::string& value);
+void write_attr(hid_t obj, const char* name, int64_t value);
+void write_attr(hid_t obj, const char* name, double value);
+std::optional<std::string> read_attr_string(hid_t obj, const char* name);
+std::optional<int64_t> read_attr_int(hid_t obj, const char* name);
+std::optional<double> read_attr_double(hid_t obj, const char* name);
+
+bool has_link(hid_t loc, const std::string& path);  // path may have several components
+H5Id create_group(hid_t loc, const std::string& name);
+H5Id open_dataset(hid_t loc, const std::string& name);
+Shape dataset_shape(hid_t ds);
+// The ringtrain DType of a dataset's element type, if it is one of ours.
+std::optional<DType> dataset_dtype(hid_t ds);
+hid_t h5_type(DType t);  // native HDF5 type of a DType
+
+// Writes a whole tensor as a new dataset, chunked along the first dimension with
+// Fletcher32 checksums (chunk_rows 0: about 1 MiB per chunk).
+void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t chunk_rows = 0);
+// Reads a whole dataset into dst, whose shape and dtype it must have (else input error
+// naming `what`, e.g. the file).
+void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const std::string& what);
+
+// Flushes a closed file's data to stable storage (open + fsync + close); also fsyncs the
+// directory that holds it when `dir` is true.
+void fsync_path(const std::string& path, bool dir = false);
+
+}  // namespace ringtrain::io

@@ -1,0 +1,52 @@
+// Loader: the data order of design.md. Epoch e visits perm(seed, e) of all N samples;
+// global batch k is positions [k*G, (k+1)*G); rank r of W takes the r-th of W equal
+// contiguous slices. So the samples a step trains on do not depend on W.
+// The position (epoch, next permutation position) is what a checkpoint stores.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "io/dataset.hpp"
+
+namespace ringtrain::io {
+
+// Fisher-Yates over [0, n) with a stream derived from (seed, epoch).
+std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n);
+
+struct Batch {
+  Tensor x;  // [B, sample...] float32, normalised
+  Tensor y;  // [B] int32
+  int64_t epoch = 0, position = 0;  // where this batch starts in the epoch permutation
+};
+
+class Loader {
+ public:
+  // Input error when the global batch does not divide by `world` or exceeds the dataset.
+  Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
+         double std);
+  int64_t steps_per_epoch() const { return data_.info().num_samples / global_batch_; }
+  int64_t local_batch() const { return local_batch_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t position() const { return position_; }
+  // Continue from a position a checkpoint recorded (input error when it does not fit).
+  void seek(int64_t epoch, int64_t position);
+  // This rank's slice of the next global batch; a partial last batch of an epoch is
+  // dropped and the next epoch begins.
+  const Batch& next();
+
+ private:
+  Dataset& data_;
+  uint64_t seed_;
+  int64_t global_batch_, local_batch_;
+  int rank_;
+  double mean_, std_;
+  int64_t epoch_ = 0, position_ = 0;
+  int64_t perm_epoch_ = -1;
+  std::vector<int64_t> perm_;
+  OwnedTensor x_, y_;
+  Batch batch_;
+};
+
+}  // namespace ringtrain::io

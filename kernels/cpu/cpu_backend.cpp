@@ -1,0 +1,223 @@
+// CPU backend: GEMM through OpenBLAS (16-bit inputs widened to fp32, fp32 accumulation, one
+// rounding of the result), elementwise and reduction kernels as OpenMP loops.
+#include "kernels/cpu/cpu_backend.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/elem.hpp"
+
+namespace ringtrain::kernels {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<cpu::CpuBackend>(threads);
+}
+
+std::string blas_version() {
+  std::string cfg = openblas_get_config();
+  while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
+  return cfg;
+}
+
+namespace cpu {
+
+void CpuBackend::set_threads(int n) {
+  RT_REQUIRE(n >= 1, "--threads ", n, " is not valid; expected a positive number of threads");
+  threads_ = n;
+  openblas_set_num_threads(n);  // the BLAS uses the same thread count as our own loops
+  omp_set_num_threads(n);
+}
+
+const float* CpuBackend::as_f32(const Tensor& t, std::vector<float>& scratch) {
+  if (t.dtype == DType::f32) return t.as<float>();
+  scratch.resize(size_t(t.numel()));
+  to_f32(t.data, t.dtype, scratch.data(), t.numel(), threads_);
+  return scratch.data();
+}
+
+void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                      float beta, const Tensor& c) {
+  RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
+           "gemm takes 2-D tensors, got ", shape_str(a.shape), " ", shape_str(b.shape), " ",
+           shape_str(c.shape));
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+  RT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm shapes do not match: a ",
+           shape_str(a.shape), (trans_a ? "^T" : ""), " b ", shape_str(b.shape),
+           (trans_b ? "^T" : ""), " c ", shape_str(c.shape));
+  const float* pa = as_f32(a, scratch_a_);
+  const float* pb = as_f32(b, scratch_b_);
+  float* pc;
+  if (c.dtype == DType::f32) {
+    pc = c.as<float>();
+  } else {
+    scratch_c_.resize(size_t(c.numel()));
+    pc = scratch_c_.data();
+    if (beta != 0.f) to_f32(c.data, c.dtype, pc, c.numel(), threads_);
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, pa,
+              int(a.dim(1)), pb, int(b.dim(1)), beta, pc, int(n));
+  if (c.dtype != DType::f32) from_f32(pc, c.data, c.dtype, c.numel(), threads_);
+}
+
+void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
+  RT_CHECK(src.numel() == dst.numel(), "cast of ", src.numel(), " elements into ", dst.numel());
+  if (src.dtype == dst.dtype) {
+    std::copy_n(static_cast<const char*>(src.data), src.bytes(), static_cast<char*>(dst.data));
+  } else if (src.dtype == DType::f32) {
+    from_f32(src.as<float>(), dst.data, dst.dtype, src.numel(), threads_);
+  } else if (dst.dtype == DType::f32) {
+    to_f32(src.data, src.dtype, dst.as<float>(), src.numel(), threads_);
+  } else {  // fp16 <-> bf16 through fp32
+    std::vector<float> tmp(size_t(src.numel()));
+    to_f32(src.data, src.dtype, tmp.data(), src.numel(), threads_);
+    from_f32(tmp.data(), dst.data, dst.dtype, src.numel(), threads_);
+  }
+}
+
+void CpuBackend::bias_add(const Tensor& y, const Tensor& bias) {
+  const int64_t rows = y.dim(0), f = y.numel() / rows;
+  RT_CHECK(bias.numel() == f, "bias of ", bias.numel(), " for rows of ", f);
+  const float* pb = as_f32(bias, scratch_b_);
+  dispatch_float(y.dtype, [&](auto Y) {
+    using E = decltype(Y);
+    auto* py = y.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (y.numel() >= kParallelMin)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < f; ++j) py[r * f + j] = E::store(E::load(py[r * f + j]) + pb[j]);
+  });
+}
+
+void CpuBackend::bias_grad(const Tensor& dy, const Tensor& db) {
+  const int64_t rows = dy.dim(0), f = dy.numel() / rows;
+  RT_CHECK(db.numel() == f, "bias gradient of ", db.numel(), " for rows of ", f);
+  std::vector<float> acc(static_cast<size_t>(f), 0.f);
+  dispatch_float(dy.dtype, [&](auto Y) {
+    using E = decltype(Y);
+    const auto* p = dy.as<typename E::storage>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < f; ++j) acc[j] += E::load(p[r * f + j]);
+  });
+  from_f32(acc.data(), db.data, db.dtype, f, 1);
+}
+
+void CpuBackend::relu(const Tensor& x, const Tensor& y) {
+  RT_CHECK(x.numel() == y.numel() && x.dtype == y.dtype, "relu shapes/dtypes differ");
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype, [&](auto X) {
+    using E = decltype(X);
+    const auto* px = x.as<typename E::storage>();
+    auto* py = y.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      // nan stays nan, so a bad activation is not hidden from the non-finite check.
+      float v = E::load(px[i]);
+      py[i] = v > 0.f || std::isnan(v) ? px[i] : E::store(0.f);
+    }
+  });
+}
+
+void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  RT_CHECK(y.numel() == dy.numel() && dy.numel() == dx.numel() && dy.dtype == dx.dtype,
+           "relu_backward shapes/dtypes differ");
+  const int64_t n = y.numel();
+  dispatch_float(y.dtype, [&](auto Y) {
+    using EY = decltype(Y);
+    dispatch_float(dy.dtype, [&](auto D) {
+      using ED = decltype(D);
+      const auto* py = y.as<typename EY::storage>();
+      const auto* pd = dy.as<typename ED::storage>();
+      auto* px = dx.as<typename ED::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+      for (int64_t i = 0; i < n; ++i) px[i] = EY::load(py[i]) > 0.f ? pd[i] : ED::store(0.f);
+    });
+  });
+}
+
+XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                    const Tensor* dlogits) {
+  RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32,
+           "softmax_xent takes fp32 logits and int32 labels");
+  const int64_t rows = logits.dim(0), c = logits.dim(1);
+  RT_CHECK(labels.numel() == rows, "labels ", labels.numel(), " for ", rows, " rows");
+  const float* pl = logits.as<float>();
+  const int32_t* py = labels.as<int32_t>();
+  float* pd = dlogits ? dlogits->as<float>() : nullptr;
+  const float g = grad_scale / float(rows);
+  XentResult res;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = pl + r * c;
+    const int32_t label = py[r];
+    RT_CHECK(label >= 0 && label < c, "label ", label, " outside [0, ", c, ")");
+    int64_t arg = 0;
+    for (int64_t j = 1; j < c; ++j)
+      if (x[j] > x[arg]) arg = j;
+    const float mx = x[arg];
+    double sum = 0;
+    for (int64_t j = 0; j < c; ++j) sum += std::exp(double(x[j] - mx));
+    const double lse = double(mx) + std::log(sum);
+    res.loss_sum += lse - double(x[label]);
+    res.correct += arg == label;
+    if (pd) {
+      for (int64_t j = 0; j < c; ++j) {
+        const float p = float(std::exp(double(x[j]) - lse));
+        pd[r * c + j] = (p - (j == label ? 1.f : 0.f)) * g;
+      }
+    }
+  }
+  return res;
+}
+
+bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out) {
+  RT_CHECK(out.dtype == DType::f32 && in.numel() == out.numel(), "unscale_check into ",
+           dtype_name(out.dtype), " of ", out.numel(), " from ", in.numel());
+  const int64_t n = in.numel();
+  float* po = out.as<float>();
+  int bad = 0;
+  dispatch_float(in.dtype, [&](auto X) {
+    using E = decltype(X);
+    const auto* pi = in.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) reduction(| : bad)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = E::load(pi[i]) * factor;
+      bad |= !std::isfinite(v);
+      po[i] = v;
+    }
+  });
+  return bad != 0;
+}
+
+double CpuBackend::sum_squares(const Tensor& x) {
+  RT_CHECK(x.dtype == DType::f32, "sum_squares takes fp32");
+  const float* p = x.as<float>();
+  const int64_t n = x.numel();
+  // Fixed chunks summed in a fixed order: the same result for any thread count, so ranks
+  // that clip by the global norm stay bitwise identical.
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) s += double(p[i]) * p[i];
+    part[size_t(c)] = s;
+  }
+  double s = 0;
+  for (double v : part) s += v;
+  return s;
+}
+
+void CpuBackend::scale(const Tensor& x, float factor) {
+  RT_CHECK(x.dtype == DType::f32, "scale takes fp32");
+  float* p = x.as<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) p[i] *= factor;
+}
+
+}  // namespace cpu
+}  // namespace ringtrain::kernels

@@ -1,0 +1,154 @@
+// train, eval, convert and inspect (see commands.hpp).
+#include "launch/commands.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+#include "io/checkpoint.hpp"
+#include "io/hdf5.hpp"
+#include "io/idx.hpp"
+#include "launch/evaluate.hpp"
+#include "launch/job.hpp"
+#include "launch/metrics.hpp"
+#include "launch/options.hpp"
+#include "launch/trainer.hpp"
+
+namespace ringtrain::launch {
+
+int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
+  TrainConfig cfg;
+  std::string help;
+  bool run = true;
+  agree(comm, [&] { run = parse_train(args, cfg, &help); });
+  if (!run) {
+    if (comm.rank() == 0) std::cout << help;
+    return 0;
+  }
+  Trainer trainer(cfg, comm);
+  return trainer.run();
+}
+
+int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
+  EvalConfig cfg;
+  std::string help;
+  bool run = true;
+  agree(comm, [&] { run = parse_eval(args, cfg, &help); });
+  if (!run) {
+    if (comm.rank() == 0) std::cout << help;
+    return 0;
+  }
+  std::unique_ptr<Model> model;
+  std::unique_ptr<io::Dataset> data;
+  std::unique_ptr<kernels::Backend> backend;
+  io::CheckpointMeta meta;
+  agree(comm, [&] {
+    backend = kernels::make_cpu_backend(threads_for_rank(cfg.threads, comm));
+    meta = io::read_checkpoint_meta(cfg.checkpoint);
+    data = std::make_unique<io::Dataset>(cfg.data);
+    ModelSpec spec = ModelSpec::from_json(meta.model);
+    RT_REQUIRE(spec.input == data->info().sample_shape, "--data '", cfg.data, "' has samples of shape ",
+               shape_str(data->info().sample_shape), " but checkpoint '", cfg.checkpoint,
+               "' holds a model for ", shape_str(spec.input));
+    RT_REQUIRE(data->info().num_classes <= spec.classes, "--data '", cfg.data, "' has ",
+               data->info().num_classes, " classes but the model predicts ", spec.classes);
+    model = build_model(spec, cfg.precision);
+    std::vector<io::NamedTensor> params;
+    for (auto& p : model->params()) params.push_back({p.name, p.master});
+    io::read_checkpoint_params(cfg.checkpoint, params);
+    model->refresh_working_copy(*backend);
+  });
+  EvalResult r;
+  agree(comm, [&] {
+    r = evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
+  });
+  if (comm.rank() == 0) {
+    std::printf("eval %s on %s (%lld samples, %s): loss %.4f accuracy %.4f\n",
+                cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
+                dtype_name(cfg.precision), r.loss, r.accuracy);
+    MetricsWriter metrics(cfg.metrics);
+    metrics.write(JsonLine().add("type", "eval").add("step", meta.step).add("split", cfg.data)
+                      .add("loss", r.loss).add("accuracy", r.accuracy));
+  }
+  return 0;
+}
+
+int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) {
+  std::vector<std::string> rest = args;
+  agree(comm, [&] {
+    RT_REQUIRE(!rest.empty() && rest[0] == "idx", "ringtrain convert: expected a source format: "
+               "`ringtrain convert idx --images F --labels F --out PATH`",
+               rest.empty() ? "" : cat(" (got '", rest[0], "')"));
+  });
+  rest.erase(rest.begin());
+  ConvertConfig cfg;
+  std::string help;
+  bool run = true;
+  agree(comm, [&] { run = parse_convert(rest, cfg, &help); });
+  if (!run) {
+    if (comm.rank() == 0) std::cout << help;
+    return 0;
+  }
+  agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
+    if (comm.rank() != 0) return;
+    auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out);
+    std::printf("wrote %s: %lld samples of %s, %lld classes\n", cfg.out.c_str(),
+                static_cast<long long>(r.samples), shape_str(r.sample_shape).c_str(),
+                static_cast<long long>(r.num_classes));
+  });
+  return 0;
+}
+
+namespace {
+
+std::string attr_value(hid_t obj, const char* name) {
+  if (auto s = io::read_attr_string(obj, name)) return "\"" + *s + "\"";
+  if (auto i = io::read_attr_int(obj, name)) return std::to_string(*i);
+  if (auto d = io::read_attr_double(obj, name)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", *d);
+    return buf;
+  }
+  return "(unprintable)";
+}
+
+herr_t print_attr(hid_t obj, const char* name, const H5A_info_t*, void* indent) {
+  std::printf("%s@%s = %s\n", static_cast<const char*>(indent), name, attr_value(obj, name).c_str());
+  return 0;
+}
+
+herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*) {
+  if (std::string(name) == ".") return 0;
+  if (info->type == H5O_TYPE_GROUP) {
+    std::printf("/%s/\n", name);
+    io::H5Id g(H5Gopen2(root, name, H5P_DEFAULT));
+    H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, print_attr, (void*)"    ");
+  } else if (info->type == H5O_TYPE_DATASET) {
+    io::H5Id ds = io::open_dataset(root, name);
+    auto t = io::dataset_dtype(ds);
+    std::printf("/%s  %s %s\n", name, t ? dtype_name(*t) : "?", shape_str(io::dataset_shape(ds)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) {
+  agree(comm, [&] {
+    RT_REQUIRE(args.size() == 1 && args[0] != "--help" && args[0] != "-h",
+               "usage: ringtrain inspect FILE.h5 (a dataset or a checkpoint)");
+    if (comm.rank() != 0) return;
+    io::H5Id f = io::open_file_readonly(args[0], "file");
+    auto format = io::read_attr_string(f, "format");
+    std::printf("%s: %s\n", args[0].c_str(), format ? format->c_str() : "(not a ringtrain file)");
+    H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, print_attr, (void*)"  ");
+    H5_CHECK(H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, print_object, nullptr, H5O_INFO_BASIC));
+    if (format && *format == io::kCheckpointFormat) {
+      std::string why;
+      const bool ok = io::validate_checkpoint(args[0], &why);
+      std::printf("valid: %s%s\n", ok ? "yes (all checksums verified)" : "NO: ", ok ? "" : why.c_str());
+    }
+  });
+  return 0;
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,18 @@
+// The subcommands of the `ringtrain` CLI. Each returns the process exit code; input
+// errors are agreed across ranks (JobExit), so every command can run under mpirun.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace ringtrain::launch {
+
+int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm);
+std::string version_text();  // ringtrain and every library built in
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,50 @@
+// The settings of each subcommand, filled from the command line and the --config INI file
+// by options.cpp (the option names are the CLI contract of design.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/loss_scaler.hpp"
+#include "core/optimizer.hpp"
+
+namespace ringtrain::launch {
+
+struct TrainConfig {
+  std::string data, val_data;
+  std::string model = "mlp";
+  std::vector<int64_t> hidden = {512, 256};
+  DType precision = DType::f32;
+  int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
+  int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing
+  OptimizerConfig optimizer;
+  float grad_clip = 0.f;  // 0: off
+  LossScalerConfig loss_scale;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end
+  double checkpoint_secs = 0;    // 0: off
+  int keep = 3;
+  std::string resume = "auto";   // auto | never | FILE
+  uint64_t seed = 42;
+  std::string device = "cpu";
+  int threads = 0;               // 0: the rank's share of the node's cores
+  std::string comm = "mpi";
+  int64_t log_every = 50;
+  std::string metrics;
+};
+
+struct EvalConfig {
+  std::string checkpoint, data;
+  int64_t batch_size = 256;
+  DType precision = DType::f32;
+  int threads = 0;
+  std::string metrics;
+};
+
+struct ConvertConfig {
+  std::string images, labels, out;
+};
+
+}  // namespace ringtrain::launch

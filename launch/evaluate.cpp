@@ -1,0 +1,41 @@
+// Sharded evaluation (see evaluate.hpp).
+#include "launch/evaluate.hpp"
+
+#include <algorithm>
+#include <vector>
+
+namespace ringtrain::launch {
+
+EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
+                    kernels::Backend& backend, int64_t batch, double mean, double std) {
+  const int64_t n = data.info().num_samples;
+  const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
+  Context ctx{backend, model.compute_dtype(), /*training=*/false};
+  Shape xs = {batch};
+  xs.insert(xs.end(), data.info().sample_shape.begin(), data.info().sample_shape.end());
+  OwnedTensor x, xc, y;
+  std::vector<int64_t> idx;
+  double sums[2] = {0, 0};  // loss sum, correct
+  for (int64_t start = lo; start < hi; start += batch) {
+    const int64_t b = std::min(batch, hi - start);
+    xs[0] = b;
+    idx.resize(size_t(b));
+    for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
+    Tensor& xf = x.ensure(xs, DType::f32);
+    Tensor& yt = y.ensure({b}, DType::i32);
+    data.read(idx.data(), b, xf.as<float>(), yt.as<int32_t>(), mean, std);
+    const Tensor* in = &xf;
+    if (ctx.compute != DType::f32) {
+      backend.cast(xf, xc.ensure(xs, ctx.compute));
+      in = &xc.view;
+    }
+    const Tensor& logits = model.forward(ctx, *in);
+    auto r = backend.softmax_xent(logits, yt, 1.f, nullptr);
+    sums[0] += r.loss_sum;
+    sums[1] += double(r.correct);
+  }
+  comm.allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  return {sums[0] / double(n), sums[1] / double(n), n};
+}
+
+}  // namespace ringtrain::launch

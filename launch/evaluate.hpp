@@ -1,0 +1,21 @@
+// Loss and accuracy of a model on a dataset, split over the ranks: rank r evaluates the
+// r-th contiguous slice of the samples and one allreduce sums the results.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.hpp"
+#include "core/model.hpp"
+#include "io/dataset.hpp"
+
+namespace ringtrain::launch {
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;
+};
+
+EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
+                    kernels::Backend& backend, int64_t batch, double mean, double std);
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,60 @@
+// `ringtrain`: the CLI entry point. One process is one rank; MPI starts here, the
+// subcommand runs, and every way out maps to the exit codes of the contract:
+// 0 finished, 1 bad input, 2 runtime failure, 75 stopped by a signal after a checkpoint.
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "io/hdf5.hpp"
+#include "launch/commands.hpp"
+#include "launch/job.hpp"
+
+namespace {
+
+const char* kUsage =
+    "usage: ringtrain <command> [options]\n"
+    "  train   [--config FILE.ini] [options]   train (one process = one rank)\n"
+    "  eval    --checkpoint FILE --data PATH   loss and accuracy of a checkpoint\n"
+    "  convert idx --images F --labels F --out PATH\n"
+    "  inspect FILE.h5                         what a dataset or checkpoint holds\n"
+    "  --version                               ringtrain and every library built in\n"
+    "`ringtrain <command> --help` lists a command's options.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ringtrain;
+  using namespace ringtrain::launch;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? 1 : 0;
+  }
+  if (args[0] == "--version") {  // MPI_Get_library_version is callable before MPI_Init
+    std::cout << version_text();
+    return 0;
+  }
+  io::silence_hdf5_errors();
+  MpiSession mpi(&argc, &argv);
+  comm::Communicator& world = mpi.world();
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "train") return cmd_train(args, world);
+    if (command == "eval") return cmd_eval(args, world);
+    if (command == "convert") return cmd_convert(args, world);
+    if (command == "inspect") return cmd_inspect(args, world);
+    agree(world, [&] {
+      throw_input(cat("unknown command '", command, "'; expected train, eval, convert, inspect "
+                      "or --version"));
+    });
+  } catch (const JobExit& e) {
+    return e.code;
+  } catch (const Error& e) {
+    abort_job(e.exit_code(), e.what());
+  } catch (const std::exception& e) {
+    abort_job(2, cat("unexpected failure: ", e.what()));
+  }
+  return 0;
+}

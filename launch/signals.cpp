@@ -1,0 +1,23 @@
+// Async-signal-safe stop flag (see signals.hpp).
+#include "launch/signals.hpp"
+
+#include <csignal>
+#include <initializer_list>
+
+namespace ringtrain::launch {
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_stop(int sig) { g_signal = sig; }
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGUSR1, SIGTERM, SIGINT}) sigaction(sig, &sa, nullptr);
+}
+
+bool stop_requested() { return g_signal != 0; }
+int stop_signal() { return g_signal; }
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,300 @@
+// The training loop (see trainer.hpp).
+#include "launch/trainer.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "launch/evaluate.hpp"
+#include "launch/job.hpp"
+#include "launch/signals.hpp"
+#include "ringtrain/config.hpp"
+
+namespace ringtrain::launch {
+
+using Clock = std::chrono::steady_clock;
+
+Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
+  agree(comm_, [&] { setup(); });
+  agree(comm_, [&] { start_state(); });
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::say(const std::string& line) const {
+  if (comm_.rank() == 0) std::cout << line << std::endl;
+}
+
+void Trainer::setup() {
+  backend_ = kernels::make_cpu_backend(threads_for_rank(cfg_.threads, comm_));
+  data_ = std::make_unique<io::Dataset>(cfg_.data);
+  const auto& info = data_->info();
+  if (!cfg_.val_data.empty()) {
+    val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+    RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
+               "' has samples of shape ", shape_str(val_->info().sample_shape),
+               " but --data has ", shape_str(info.sample_shape));
+  }
+  if (info.has_norm) {
+    mean_ = info.mean;
+    std_ = info.std;
+  }
+  global_batch_ = cfg_.global_batch_size ? cfg_.global_batch_size : cfg_.batch_size * comm_.size();
+  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
+             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ",
+             comm_.size(), " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(),
+                                         comm_.size(), mean_, std_);
+  total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
+
+  ModelSpec spec;
+  spec.name = cfg_.model;
+  spec.input = info.sample_shape;
+  spec.hidden = cfg_.hidden;
+  spec.classes = info.num_classes;
+  model_ = build_model(spec, cfg_.precision);
+  optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
+  LossScalerConfig ls = cfg_.loss_scale;
+  if (cfg_.precision == DType::f32 && ls.dynamic) {
+    // No scaling in fp32: a constant scale of 1 (non-finite steps are still skipped).
+    ls.dynamic = false;
+    ls.init_scale = ls.min_scale = 1.f;
+  }
+  scaler_ = std::make_unique<LossScaler>(ls);
+  if (!cfg_.checkpoint_dir.empty() && comm_.rank() == 0)
+    store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
+  if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
+
+  grad32_storage_ = cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
+  grad32_ = cfg_.precision == DType::f32 ? model_->grad()
+                                         : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
+}
+
+void Trainer::start_state() {
+  // Rank 0 picks the checkpoint (if any) and tells the others its path.
+  std::string path;
+  if (comm_.rank() == 0) {
+    if (cfg_.resume == "auto") {
+      if (store_) {
+        std::vector<std::string> skipped;
+        auto latest = store_->latest_valid(&skipped);
+        for (auto& s : skipped) std::cerr << "ringtrain: warning: skipping invalid checkpoint " << s << "\n";
+        if (latest) path = *latest;
+      }
+    } else if (cfg_.resume != "never") {
+      path = cfg_.resume;
+    }
+  }
+  int64_t len = int64_t(path.size());
+  comm_.broadcast(&len, 1, DType::i64, 0);
+  path.resize(size_t(len));
+  comm_.broadcast(path.data(), len, DType::u8, 0);
+
+  if (path.empty()) {
+    if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
+    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
+    model_->refresh_working_copy(*backend_);
+    return;
+  }
+  const io::CheckpointMeta m = io::read_checkpoint_meta(path);
+  RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", path, "' holds model ", m.model,
+             " but this run builds ", model_->spec().to_json(),
+             "; use the same --model/--hidden/data, or --resume never");
+  RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path, "' was trained with --optimizer ",
+             m.optimizer, "; this run asks for ", optimizer_->name());
+  std::vector<io::NamedTensor> params;
+  for (auto& p : model_->params()) params.push_back({p.name, p.master});
+  io::read_checkpoint_params(path, params);
+  std::vector<io::OptimizerState> states;
+  for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
+    io::OptimizerState st{optimizer_->state_names()[s], {}};
+    for (auto& p : model_->params()) st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+    states.push_back(std::move(st));
+  }
+  io::read_checkpoint_optimizer(path, states);
+  optimizer_->set_steps(m.optimizer_step);
+  scaler_->restore(float(m.loss_scale), m.growth_tracker);
+  loader_->seek(m.data_epoch, m.data_position);
+  model_->refresh_working_copy(*backend_);
+  step_ = last_saved_step_ = m.step;
+  samples_seen_ = m.samples_seen;
+  epoch_ = m.data_epoch;
+  RT_REQUIRE(m.seed == int64_t(cfg_.seed), "checkpoint '", path, "' was trained with --seed ",
+             m.seed, "; this run has --seed ", cfg_.seed, " (the data order would differ)");
+  say(cat("resumed from ", path, " at step ", m.step, " (saved by ", m.world_size, " ranks in ",
+          m.precision, ")"));
+}
+
+void Trainer::train_step(double* reduced) {
+  const io::Batch& batch = loader_->next();
+  epoch_ = batch.epoch;
+  Context ctx{*backend_, cfg_.precision, true};
+  const Tensor* x = &batch.x;
+  if (cfg_.precision != DType::f32) {
+    backend_->cast(batch.x, xc_.ensure(batch.x.shape, cfg_.precision));
+    x = &xc_.view;
+  }
+  const Tensor& logits = model_->forward(ctx, *x);
+  Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
+  const float scale = scaler_->scale();
+  auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
+  model_->backward(ctx, dlogits);
+
+  // Sum the gradients in the compute dtype, then unscale and average into fp32 in one pass.
+  const Tensor grad = model_->grad();
+  comm_.allreduce(grad.data, grad.numel(), grad.dtype, comm::ReduceOp::sum);
+  const bool nonfinite = backend_->unscale_check(grad, 1.f / (scale * float(comm_.size())), grad32_);
+
+  // One small allreduce agrees on the metrics and on stopping/saving.
+  const bool save_due = comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
+                        std::chrono::duration<double>(Clock::now() - last_save_time_).count() >=
+                            cfg_.checkpoint_secs;
+  reduced[0] = xent.loss_sum;
+  reduced[1] = double(xent.correct);
+  reduced[2] = stop_requested() ? 1 : 0;
+  reduced[3] = save_due ? 1 : 0;
+  comm_.allreduce(reduced, 4, DType::f64, comm::ReduceOp::sum);
+
+  const bool apply = scaler_->update(nonfinite);  // identical on all ranks: same summed grads
+  if (apply) {
+    if (cfg_.grad_clip > 0.f) {
+      const double norm = std::sqrt(backend_->sum_squares(grad32_));
+      if (norm > cfg_.grad_clip) backend_->scale(grad32_, float(cfg_.grad_clip / (norm + 1e-6)));
+    }
+    Tensor work = model_->work();
+    optimizer_->step(*backend_, model_->master(), grad32_,
+                     cfg_.precision == DType::f32 ? nullptr : &work, cfg_.optimizer.lr);
+  } else {
+    metrics_.write(JsonLine().add("type", "skip").add("step", step_ + 1)
+                       .add("reason", "non-finite gradients").add("loss_scale", double(scaler_->scale())));
+    if (scaler_->floor_hit()) {
+      const std::string msg = cat("loss scale is at its floor ", scaler_->scale(), " at step ", step_ + 1,
+                                  " and gradients still overflow; the run is diverging (lower --lr, "
+                                  "use bf16, or set --min-scale lower)");
+      if (comm_.rank() == 0) std::cerr << "ringtrain: warning: " << msg << std::endl;
+      metrics_.write(JsonLine().add("type", "warning").add("step", step_ + 1).add("message", msg));
+    }
+  }
+  ++step_;
+  samples_seen_ += global_batch_;
+}
+
+void Trainer::save_checkpoint() {
+  if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
+  agree(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const auto t0 = Clock::now();
+    io::CheckpointMeta m;
+    m.step = step_;
+    m.epoch = loader_->epoch();
+    m.samples_seen = samples_seen_;
+    m.world_size = comm_.size();
+    m.precision = dtype_name(cfg_.precision);
+    m.model = model_->spec().to_json();
+    m.ringtrain_version = RINGTRAIN_VERSION;
+    m.data_epoch = loader_->epoch();
+    m.data_position = loader_->position();
+    m.loss_scale = scaler_->scale();
+    m.growth_tracker = scaler_->growth_tracker();
+    m.optimizer = optimizer_->name();
+    m.optimizer_step = optimizer_->steps();
+    m.seed = int64_t(cfg_.seed);
+    m.input_mean = mean_;
+    m.input_std = std_;
+    std::vector<io::NamedTensor> params;
+    for (auto& p : model_->params()) params.push_back({p.name, p.master});
+    std::vector<io::OptimizerState> states;
+    for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
+      io::OptimizerState st{optimizer_->state_names()[s], {}};
+      for (auto& p : model_->params()) st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+      states.push_back(std::move(st));
+    }
+    const uint64_t bytes = store_->save(m, params, states);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    metrics_.write(JsonLine().add("type", "checkpoint").add("step", step_)
+                       .add("path", store_->path_for(step_)).add("seconds", secs)
+                       .add("bytes", int64_t(bytes)));
+  });
+  last_saved_step_ = step_;
+  last_save_time_ = Clock::now();
+}
+
+void Trainer::run_eval() {
+  if (!val_) return;
+  EvalResult r;
+  agree(comm_, [&] {
+    r = evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, loader_->local_batch()), mean_, std_);
+  });
+  char line[160];
+  std::snprintf(line, sizeof line, "eval step %lld: val loss %.4f accuracy %.4f (%lld samples)",
+                static_cast<long long>(step_), r.loss, r.accuracy, static_cast<long long>(r.samples));
+  say(line);
+  metrics_.write(JsonLine().add("type", "eval").add("step", step_).add("split", "val")
+                     .add("loss", r.loss).add("accuracy", r.accuracy));
+}
+
+int Trainer::run() {
+  install_stop_handlers();
+  const auto& info = data_->info();
+  say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
+          " node(s), device cpu, ", backend_->threads(), " thread(s)/rank, precision ",
+          dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
+          ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
+          comm_.backend(), " in ", dtype_name(cfg_.precision)));
+  say(cat("data '", info.path, "': ", info.num_samples, " samples of ", shape_str(info.sample_shape),
+          ", ", info.num_classes, " classes; model ", model_->spec().to_json(), " with ",
+          model_->num_params(), " parameters; ", loader_->steps_per_epoch(), " steps/epoch, ",
+          total_steps_, " steps"));
+  last_save_time_ = Clock::now();
+  auto window_start = Clock::now();
+  int64_t window_steps = 0;
+  double window_loss = 0, window_correct = 0;
+  while (step_ < total_steps_) {
+    double reduced[4];
+    train_step(reduced);
+    ++window_steps;
+    window_loss += reduced[0];
+    window_correct += reduced[1];
+    if (step_ % cfg_.log_every == 0 || step_ == total_steps_) {
+      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+      const double samples = double(window_steps * global_batch_);
+      const double loss = window_loss / samples, acc = window_correct / samples;
+      const double sps = samples / std::max(secs, 1e-9);
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s",
+                    static_cast<long long>(step_), static_cast<long long>(total_steps_),
+                    static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()),
+                    double(cfg_.optimizer.lr), sps);
+      say(line);
+      metrics_.write(JsonLine().add("type", "step").add("step", step_).add("epoch", epoch_)
+                         .add("loss", loss).add("loss_scale", double(scaler_->scale()))
+                         .add("lr", double(cfg_.optimizer.lr)).add("samples_per_sec", sps)
+                         .add("world_size", comm_.size()));
+      window_start = Clock::now();
+      window_steps = 0;
+      window_loss = window_correct = 0;
+    }
+    if (reduced[2] > 0) {  // a rank got a stop signal: all stop here, at the same step
+      if (cfg_.checkpoint_dir.empty()) {
+        agree(comm_, [&] {
+          throw Error(ErrorKind::runtime, cat("stopped by a signal at step ", step_,
+                                              "; nothing was saved (no --checkpoint-dir)"));
+        });
+      }
+      save_checkpoint();
+      say(cat("stopped by a signal at step ", step_, "; checkpoint saved. Run the same command "
+              "again to continue."));
+      return 75;
+    }
+    const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
+    if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || reduced[3] > 0)
+      save_checkpoint();
+    if (epoch_done && step_ < total_steps_) run_eval();
+  }
+  save_checkpoint();
+  run_eval();
+  return 0;
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,61 @@
+// Trainer: the training loop of design.md's "one training step", driving core (model,
+// optimizer, loss scaler), comm (gradient allreduce) and io (loader, checkpoints), with the
+// metrics, progress lines, evaluation and stop-on-signal of the CLI contract.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "core/loss_scaler.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+#include "io/checkpoint.hpp"
+#include "io/dataset.hpp"
+#include "io/loader.hpp"
+#include "launch/config.hpp"
+#include "launch/metrics.hpp"
+
+namespace ringtrain::launch {
+
+class Trainer {
+ public:
+  // Sets everything up; input errors are agreed across ranks (JobExit on every rank).
+  Trainer(TrainConfig cfg, comm::Communicator& comm);
+  ~Trainer();
+  // Trains to the end (returns 0) or until a stop signal (saves, returns 75).
+  int run();
+
+  // For tests: the model and the step reached.
+  Model& model() { return *model_; }
+  int64_t step() const { return step_; }
+
+ private:
+  void setup();
+  void start_state();
+  void train_step(double* reduced);
+  void save_checkpoint();
+  void run_eval();
+  void say(const std::string& line) const;  // rank 0, stdout
+
+  TrainConfig cfg_;
+  comm::Communicator& comm_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<io::Dataset> data_, val_;
+  std::unique_ptr<io::Loader> loader_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<io::CheckpointStore> store_;
+  MetricsWriter metrics_;
+  Buffer grad32_storage_;
+  Tensor grad32_;
+  OwnedTensor xc_, dlogits_;
+  int64_t global_batch_ = 0, total_steps_ = 0, step_ = 0, samples_seen_ = 0;
+  int64_t last_saved_step_ = -1, epoch_ = 0;
+  double mean_ = 0, std_ = 1;
+  std::chrono::steady_clock::time_point last_save_time_;
+};
+
+}  // namespace ringtrain::launch
