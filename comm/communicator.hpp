@@ -19,7 +19,7 @@ class Communicator {
   virtual int size() const = 0;
   virtual int local_rank() const = 0;  // among the ranks of this node
   virtual int local_size() const = 0;
-  virtual int node() const = 0;        // index of this node, 0..num_nodes-1
+  virtual int node() const = 0;  // index of this node, 0..num_nodes-1
   virtual int num_nodes() const = 0;
 
   virtual void allreduce(void* buf, int64_t count, DType dtype, ReduceOp op = ReduceOp::sum) = 0;

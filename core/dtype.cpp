@@ -7,26 +7,40 @@ namespace ringtrain {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
-    case DType::f64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f16:
+      return 2;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "fp32";
-    case DType::f16: return "fp16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-    case DType::u8: return "uint8";
-    case DType::f64: return "fp64";
+    case DType::f32:
+      return "fp32";
+    case DType::f16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
+    case DType::f64:
+      return "fp64";
   }
   return "?";
 }

@@ -27,13 +27,13 @@ inline float half_to_float(uint16_t h) {
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
   uint32_t bits;
-  if (exp == 0x1f) {  // inf / nan: keep the payload
-    bits = sign | 0x7f800000u | (man << 13);
+  if (exp == 0x1f) {  // inf / nan: keep the payload, quiet a signalling nan (as F16C does)
+    bits = sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u);
   } else if (exp != 0) {  // normal
     bits = sign | ((exp + 112u) << 23) | (man << 13);
   } else if (man == 0) {  // zero
     bits = sign;
-  } else {  // subnormal: normalise
+  } else {                                   // subnormal: normalise
     int shift = std::countl_zero(man) - 21;  // leading zeros within 10 bits
     man = (man << shift) & 0x3ffu;
     bits = sign | (uint32_t(113 - shift) << 23) | (man << 13);
@@ -46,10 +46,11 @@ inline uint16_t float_to_half(float f) {
   const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   const uint32_t ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u) {  // inf or nan; nan stays a (quiet) nan
-    return ax > 0x7f800000u ? uint16_t(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)) : uint16_t(sign | 0x7c00u);
+    return ax > 0x7f800000u ? uint16_t(sign | 0x7e00u | ((ax >> 13) & 0x3ffu))
+                            : uint16_t(sign | 0x7c00u);
   }
   if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (ax >= 0x38800000u) {                                // normal half
+  if (ax >= 0x38800000u) {                                 // normal half
     const uint32_t round = 0xfffu + ((ax >> 13) & 1u);     // nearest, ties to even
     return uint16_t(sign | ((ax - 0x38000000u + round) >> 13));
   }
@@ -71,7 +72,7 @@ inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b)
 inline uint16_t float_to_bf16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // quiet nan
-  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);  // nearest, ties to even
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                  // nearest, ties to even
 }
 
 }  // namespace ringtrain

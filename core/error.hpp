@@ -44,15 +44,15 @@ std::string cat(Args&&... args) {
 }  // namespace ringtrain
 
 // A user-fixable condition: the message must name the option/file/value and what is expected.
-#define RT_REQUIRE(cond, ...)                                  \
-  do {                                                         \
+#define RT_REQUIRE(cond, ...)                                             \
+  do {                                                                    \
     if (!(cond)) ::ringtrain::throw_input(::ringtrain::cat(__VA_ARGS__)); \
   } while (0)
 
 // An internal invariant or a failed system call: a runtime error with file:line.
-#define RT_CHECK(cond, ...)                                                        \
-  do {                                                                             \
-    if (!(cond))                                                                   \
-      ::ringtrain::throw_runtime(__FILE__, __LINE__,                               \
+#define RT_CHECK(cond, ...)                                                                   \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::ringtrain::throw_runtime(__FILE__, __LINE__,                                          \
                                  ::ringtrain::cat("check failed: " #cond ": ", __VA_ARGS__)); \
   } while (0)

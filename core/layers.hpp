@@ -26,12 +26,12 @@ struct ParamSpec {
 };
 
 struct Param {
-  std::string name;     // "<layer>.<param>", the checkpoint name
+  std::string name;  // "<layer>.<param>", the checkpoint name
   Shape shape;
-  int64_t offset = 0;   // in elements, into the flat buffers
-  Tensor master;        // fp32
-  Tensor work;          // compute dtype (aliases master in fp32)
-  Tensor grad;          // compute dtype
+  int64_t offset = 0;  // in elements, into the flat buffers
+  Tensor master;       // fp32
+  Tensor work;         // compute dtype (aliases master in fp32)
+  Tensor grad;         // compute dtype
 };
 
 class Layer {
@@ -43,7 +43,10 @@ class Layer {
   // Called once the Model has laid out the flat buffers; params in param_specs() order.
   virtual void bind(std::vector<Param*> params) {}
   // Output dtype override (the precision policy keeps the last layer's output in fp32).
-  void set_output_dtype(DType t) { out_override_ = t; has_override_ = true; }
+  void set_output_dtype(DType t) {
+    out_override_ = t;
+    has_override_ = true;
+  }
   // The first layer need not compute the gradient of its input.
   void set_needs_input_grad(bool yes) { needs_input_grad_ = yes; }
 

@@ -9,7 +9,7 @@
 namespace ringtrain {
 
 struct LossScalerConfig {
-  bool dynamic = true;        // false: a constant scale (still skips non-finite steps)
+  bool dynamic = true;  // false: a constant scale (still skips non-finite steps)
   float init_scale = 65536.f;
   float growth_factor = 2.f;
   float backoff_factor = 0.5f;

@@ -14,7 +14,10 @@ namespace {
 
 std::string json_ints(const std::vector<int64_t>& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(v[i]);
+  }
   return s + "]";
 }
 
@@ -30,12 +33,20 @@ class SpecReader {
     while (true) {
       std::string key = str();
       expect(':');
-      if (key == "name") spec.name = str();
-      else if (key == "input") spec.input = ints();
-      else if (key == "hidden") spec.hidden = ints();
-      else if (key == "classes") spec.classes = integer();
-      else fail("unknown key '" + key + "'");
-      if (peek() == ',') { ++i_; continue; }
+      if (key == "name")
+        spec.name = str();
+      else if (key == "input")
+        spec.input = ints();
+      else if (key == "hidden")
+        spec.hidden = ints();
+      else if (key == "classes")
+        spec.classes = integer();
+      else
+        fail("unknown key '" + key + "'");
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
       expect('}');
       break;
     }
@@ -77,10 +88,16 @@ class SpecReader {
   std::vector<int64_t> ints() {
     std::vector<int64_t> v;
     expect('[');
-    if (peek() == ']') { ++i_; return v; }
+    if (peek() == ']') {
+      ++i_;
+      return v;
+    }
     while (true) {
       v.push_back(integer());
-      if (peek() == ',') { ++i_; continue; }
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
       expect(']');
       return v;
     }
@@ -92,15 +109,19 @@ class SpecReader {
 }  // namespace
 
 std::string ModelSpec::to_json() const {
-  return cat("{\"name\":\"", name, "\",\"input\":", json_ints(input), ",\"hidden\":",
-             json_ints(hidden), ",\"classes\":", classes, "}");
+  return cat("{\"name\":\"", name, "\",\"input\":", json_ints(input),
+             ",\"hidden\":", json_ints(hidden), ",\"classes\":", classes, "}");
 }
 
 ModelSpec ModelSpec::from_json(const std::string& json) { return SpecReader(json).read(); }
 
 Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType compute)
     : spec_(std::move(spec)), layers_(std::move(layers)), compute_(compute) {
-  struct Pending { Layer* layer; size_t first; size_t count; };
+  struct Pending {
+    Layer* layer;
+    size_t first;
+    size_t count;
+  };
   std::vector<Pending> pending;
   for (auto& layer : layers_) {
     auto specs = layer->param_specs();
@@ -172,13 +193,13 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, DType compute) {
   std::vector<std::unique_ptr<Layer>> layers;
   int64_t width = shape_numel(spec.input);
   for (size_t i = 0; i < spec.hidden.size(); ++i) {
-    RT_REQUIRE(spec.hidden[i] > 0, "--hidden: layer width ", spec.hidden[i],
-               " is not positive");
+    RT_REQUIRE(spec.hidden[i] > 0, "--hidden: layer width ", spec.hidden[i], " is not positive");
     layers.push_back(std::make_unique<Linear>(cat("fc", i + 1), width, spec.hidden[i]));
     layers.push_back(std::make_unique<ReLU>(cat("relu", i + 1)));
     width = spec.hidden[i];
   }
-  layers.push_back(std::make_unique<Linear>(cat("fc", spec.hidden.size() + 1), width, spec.classes));
+  layers.push_back(
+      std::make_unique<Linear>(cat("fc", spec.hidden.size() + 1), width, spec.classes));
   return std::make_unique<Model>(spec, std::move(layers), compute);
 }
 

@@ -18,7 +18,7 @@ struct ModelSpec {
   std::vector<int64_t> hidden;  // mlp: hidden layer widths
   int64_t classes = 10;
 
-  std::string to_json() const;  // canonical: equal specs give equal strings
+  std::string to_json() const;                          // canonical: equal specs give equal strings
   static ModelSpec from_json(const std::string& json);  // input error when malformed
 };
 
@@ -32,10 +32,10 @@ class Model {
   std::vector<Param>& params() { return params_; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
-  Tensor master() const { return flat(master_, DType::f32); }   // fp32 masters
+  Tensor master() const { return flat(master_, DType::f32); }  // fp32 masters
   // The compute-dtype working copy; in fp32 it is the masters themselves.
   Tensor work() const { return compute_ == DType::f32 ? master() : flat(work_, compute_); }
-  Tensor grad() const { return flat(grad_, compute_); }         // compute-dtype gradients
+  Tensor grad() const { return flat(grad_, compute_); }  // compute-dtype gradients
 
   // Draws the masters from `seed` (one stream per parameter name, so the values do not
   // depend on the layer order) and refreshes the working copy.

@@ -16,7 +16,7 @@ class Sgd final : public Optimizer {
  public:
   Sgd(const OptimizerConfig& c, int64_t n)
       : Optimizer(n, c.momentum != 0.f ? std::vector<std::string>{"momentum"}
-                                        : std::vector<std::string>{}),
+                                       : std::vector<std::string>{}),
         cfg_{c.lr, c.momentum, c.weight_decay, c.nesterov} {}
   const char* name() const override { return "sgd"; }
   void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
@@ -34,8 +34,8 @@ class Sgd final : public Optimizer {
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimizerConfig& c, int64_t n)
-      : Optimizer(n, {"exp_avg", "exp_avg_sq"}),
-        cfg_{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, 1} {}
+      : Optimizer(n, {"exp_avg", "exp_avg_sq"}), cfg_{c.lr,  c.beta1,        c.beta2,
+                                                      c.eps, c.weight_decay, 1} {}
   const char* name() const override { return "adamw"; }
   void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
             float lr) override {

@@ -15,8 +15,8 @@ namespace ringtrain {
 struct OptimizerConfig {
   std::string name = "adamw";  // sgd | adamw
   float lr = 1e-3f;
-  float momentum = 0.9f;       // sgd
-  bool nesterov = false;       // sgd
+  float momentum = 0.9f;  // sgd
+  bool nesterov = false;  // sgd
   float weight_decay = 0.f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
 };

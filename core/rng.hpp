@@ -18,8 +18,8 @@ class Rng {
  public:
   explicit Rng(uint64_t seed);
   uint64_t next();
-  float uniform();              // [0, 1) with 24 random bits
-  uint64_t below(uint64_t n);   // uniform in [0, n), unbiased
+  float uniform();             // [0, 1) with 24 random bits
+  uint64_t below(uint64_t n);  // uniform in [0, n), unbiased
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 

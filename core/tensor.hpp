@@ -56,16 +56,20 @@ struct Tensor {
   Device device;
 
   Tensor() = default;
-  Tensor(void* d, Shape s, DType t, Device dev = {}) : data(d), shape(std::move(s)), dtype(t), device(dev) {}
+  Tensor(void* d, Shape s, DType t, Device dev = {})
+      : data(d), shape(std::move(s)), dtype(t), device(dev) {}
 
   int64_t numel() const { return shape_numel(shape); }
   size_t bytes() const { return size_t(numel()) * dtype_size(dtype); }
   int64_t dim(size_t i) const { return shape.at(i); }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
   // A view of `n` elements starting at element `offset`, with the given shape.
   Tensor slice(int64_t offset, Shape s) const {
-    return Tensor(static_cast<char*>(data) + offset * int64_t(dtype_size(dtype)), std::move(s), dtype, device);
+    return Tensor(static_cast<char*>(data) + offset * int64_t(dtype_size(dtype)), std::move(s),
+                  dtype, device);
   }
 };
 

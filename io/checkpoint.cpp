@@ -18,9 +18,11 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   H5Id f = open_file_readonly(path, "checkpoint");
   const std::string what = cat("checkpoint '", path, "'");
   auto format = read_attr_string(f, "format");
-  RT_REQUIRE(format && *format == kCheckpointFormat, what, " is not a ringtrain checkpoint: root "
-             "attribute 'format' is ", format ? "'" + *format + "'" : std::string("missing"),
-             "; expected '", kCheckpointFormat, "'");
+  RT_REQUIRE(format && *format == kCheckpointFormat, what,
+             " is not a ringtrain checkpoint: root "
+             "attribute 'format' is ",
+             format ? "'" + *format + "'" : std::string("missing"), "; expected '",
+             kCheckpointFormat, "'");
   auto version = read_attr_int(f, "format_version");
   RT_REQUIRE(version && *version == kCheckpointVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
@@ -93,7 +95,8 @@ herr_t read_all(hid_t loc, const char* name, const H5O_info_t* info, void* ok) {
   const hssize_t n = H5Sget_simple_extent_npoints(space);
   std::vector<char> buf(size_t(std::max<hssize_t>(n, 1)) * H5Tget_size(type));
   if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) {
-    *static_cast<std::string*>(ok) = cat("dataset '", name, "' fails its checksum or cannot be read");
+    *static_cast<std::string*>(ok) =
+        cat("dataset '", name, "' fails its checksum or cannot be read");
     return -1;
   }
   return 0;
@@ -208,7 +211,8 @@ void CheckpointStore::prune() {
   // A .tmp left by a killed save is never a checkpoint; remove stale ones too.
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec))
-    if (e.path().extension() == ".tmp" && e.path().stem().extension() == ".h5") fs::remove(e.path(), ec);
+    if (e.path().extension() == ".tmp" && e.path().stem().extension() == ".h5")
+      fs::remove(e.path(), ec);
 }
 
 }  // namespace ringtrain::io

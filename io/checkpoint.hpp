@@ -24,7 +24,7 @@ struct CheckpointMeta {
   int64_t growth_tracker = 0;
   std::string optimizer;  // /optimizer attribute "name"
   int64_t optimizer_step = 0;
-  int64_t seed = 0;                 // /rng: every stream derives from it
+  int64_t seed = 0;                      // /rng: every stream derives from it
   double input_mean = 0, input_std = 1;  // the input normalisation the model trained with
 };
 

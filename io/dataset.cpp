@@ -12,9 +12,11 @@ Dataset::Dataset(const std::string& path) {
   file_ = open_file_readonly(path, "dataset");
   const std::string what = cat("dataset '", path, "'");
   auto format = read_attr_string(file_, "format");
-  RT_REQUIRE(format && *format == kDatasetFormat, what, " is not a ringtrain dataset: root attribute "
-             "'format' is ", format ? "'" + *format + "'" : std::string("missing"), "; expected '",
-             kDatasetFormat, "' (create one with `ringtrain convert idx`)");
+  RT_REQUIRE(format && *format == kDatasetFormat, what,
+             " is not a ringtrain dataset: root attribute "
+             "'format' is ",
+             format ? "'" + *format + "'" : std::string("missing"), "; expected '", kDatasetFormat,
+             "' (create one with `ringtrain convert idx`)");
   auto version = read_attr_int(file_, "format_version");
   RT_REQUIRE(version && *version == kDatasetVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
@@ -85,8 +87,8 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
       while (j < m && uniq[j] == uniq[j - 1] + 1) ++j;
       start[0] = hsize_t(uniq[i]);
       count[0] = hsize_t(j - i);
-      H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(),
-                                   nullptr));
+      H5_CHECK(
+          H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
       i = j;
     }
   };
@@ -98,7 +100,8 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
     select_runs(fspace);
     hsize_t mdims = hsize_t(m * per);
     H5Id mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr)));
-    H5_CHECK(H5Dread(images_, h5_type(info_.image_dtype), mspace, fspace, H5P_DEFAULT, raw_.data()));
+    H5_CHECK(
+        H5Dread(images_, h5_type(info_.image_dtype), mspace, fspace, H5P_DEFAULT, raw_.data()));
   }
   {
     H5Id fspace(H5_CHECK(H5Dget_space(labels_)));
@@ -121,8 +124,8 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
       for (int64_t k = 0; k < per; ++k) dst[k] = src[k] * scale + shift;
     }
     const int64_t label = raw_labels_[size_t(row)];
-    RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ",
-               label, " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
+    RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
+               " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);
   }
 }
@@ -152,7 +155,8 @@ void write_dataset_file(const std::string& path, const uint8_t* images, const Sh
   H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
   H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
   H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
-  H5Id ds(H5_CHECK(H5Dcreate2(file, "images", H5T_NATIVE_UINT8, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+  H5Id ds(H5_CHECK(
+      H5Dcreate2(file, "images", H5T_NATIVE_UINT8, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   H5_CHECK(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images));
   write_dataset(file, "labels", Tensor(const_cast<int32_t*>(labels), {n}, DType::i32), 1 << 18);
 }

@@ -19,12 +19,12 @@ inline constexpr int64_t kDatasetVersion = 1;
 struct DatasetInfo {
   std::string path;
   int64_t num_samples = 0;
-  Shape sample_shape;          // [C, H, W] or [D]
+  Shape sample_shape;  // [C, H, W] or [D]
   DType image_dtype = DType::u8;
   DType label_dtype = DType::i32;
   int64_t num_classes = 0;
-  bool has_norm = false;       // mean/std attributes present
-  double mean = 0, std = 1;    // of the pixel values after uint8 scaling to [0, 1]
+  bool has_norm = false;     // mean/std attributes present
+  double mean = 0, std = 1;  // of the pixel values after uint8 scaling to [0, 1]
 };
 
 class Dataset {
@@ -43,7 +43,7 @@ class Dataset {
  private:
   DatasetInfo info_;
   H5Id file_, images_, labels_;
-  std::vector<uint8_t> raw_;       // the raw image bytes of the last read, sorted order
+  std::vector<uint8_t> raw_;  // the raw image bytes of the last read, sorted order
   std::vector<int64_t> raw_labels_;
 };
 

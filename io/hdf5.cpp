@@ -29,14 +29,29 @@ void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 void H5Id::reset() {
   if (id_ < 0) return;
   switch (H5Iget_type(id_)) {
-    case H5I_FILE: H5Fclose(id_); break;
-    case H5I_GROUP: H5Gclose(id_); break;
-    case H5I_DATASET: H5Dclose(id_); break;
-    case H5I_DATASPACE: H5Sclose(id_); break;
-    case H5I_DATATYPE: H5Tclose(id_); break;
-    case H5I_ATTR: H5Aclose(id_); break;
-    case H5I_GENPROP_LST: H5Pclose(id_); break;
-    default: break;
+    case H5I_FILE:
+      H5Fclose(id_);
+      break;
+    case H5I_GROUP:
+      H5Gclose(id_);
+      break;
+    case H5I_DATASET:
+      H5Dclose(id_);
+      break;
+    case H5I_DATASPACE:
+      H5Sclose(id_);
+      break;
+    case H5I_DATATYPE:
+      H5Tclose(id_);
+      break;
+    case H5I_ATTR:
+      H5Aclose(id_);
+      break;
+    case H5I_GENPROP_LST:
+      H5Pclose(id_);
+      break;
+    default:
+      break;
   }
   id_ = H5I_INVALID_HID;
 }
@@ -58,7 +73,8 @@ H5Id open_file_readonly(const std::string& path, const char* role) {
 
 H5Id create_file(const std::string& path) {
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (f < 0) throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", h5_error_stack()));
+  if (f < 0)
+    throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", h5_error_stack()));
   return H5Id(f);
 }
 
@@ -160,13 +176,19 @@ Shape dataset_shape(hid_t ds) {
 
 hid_t h5_type(DType t) {
   switch (t) {
-    case DType::f32: return H5T_NATIVE_FLOAT;
-    case DType::i32: return H5T_NATIVE_INT32;
-    case DType::i64: return H5T_NATIVE_INT64;
-    case DType::u8: return H5T_NATIVE_UINT8;
-    case DType::f64: return H5T_NATIVE_DOUBLE;
+    case DType::f32:
+      return H5T_NATIVE_FLOAT;
+    case DType::i32:
+      return H5T_NATIVE_INT32;
+    case DType::i64:
+      return H5T_NATIVE_INT64;
+    case DType::u8:
+      return H5T_NATIVE_UINT8;
+    case DType::f64:
+      return H5T_NATIVE_DOUBLE;
     case DType::f16:
-    case DType::bf16: return H5T_NATIVE_UINT16;  // stored as their bits
+    case DType::bf16:
+      return H5T_NATIVE_UINT16;  // stored as their bits
   }
   return H5I_INVALID_HID;
 }
@@ -185,7 +207,8 @@ std::optional<DType> dataset_dtype(hid_t ds) {
       if (size == 8 && is_signed) return DType::i64;
       break;
     }
-    default: break;
+    default:
+      break;
   }
   return std::nullopt;
 }
@@ -198,14 +221,17 @@ void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t 
   if (t.numel() > 0) {
     std::vector<hsize_t> chunk = dims;
     const hsize_t row_bytes = hsize_t(t.bytes()) / std::max<hsize_t>(dims[0], 1);
-    hsize_t rows = chunk_rows > 0 ? hsize_t(chunk_rows) : std::max<hsize_t>(1, (1u << 20) / std::max<hsize_t>(row_bytes, 1));
+    hsize_t rows = chunk_rows > 0
+                       ? hsize_t(chunk_rows)
+                       : std::max<hsize_t>(1, (1u << 20) / std::max<hsize_t>(row_bytes, 1));
     chunk[0] = std::min(dims[0], rows);
     H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
     H5_CHECK(H5Pset_fletcher32(dcpl));
   }
-  H5Id ds(H5_CHECK(H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), space, H5P_DEFAULT, dcpl,
-                              H5P_DEFAULT)));
-  if (t.numel() > 0) H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
+  H5Id ds(H5_CHECK(
+      H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+  if (t.numel() > 0)
+    H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
 }
 
 void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const std::string& what) {
@@ -227,7 +253,11 @@ void fsync_path(const std::string& path, bool dir) {
   int err = errno;
   ::close(fd);
   RT_CHECK(rc == 0, "fsync '", path, "': ", std::strerror(err));
-  if (dir) fsync_path(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path().string(), false);
+  if (dir)
+    fsync_path(std::filesystem::path(path).parent_path().empty()
+                   ? "."
+                   : std::filesystem::path(path).parent_path().string(),
+               false);
 }
 
 }  // namespace ringtrain::io

@@ -18,13 +18,14 @@ namespace ringtrain::io {
 
 std::string h5_error_stack();  // the innermost messages of HDF5's current error stack
 
-#define H5_CHECK(stmt)                                                                  \
-  ([&] {                                                                                \
-    auto rt_h5_rc_ = (stmt);                                                            \
-    if (rt_h5_rc_ < 0)                                                                  \
-      ::ringtrain::throw_runtime(__FILE__, __LINE__, ::ringtrain::cat(#stmt " failed: ", \
-                                                                      ::ringtrain::io::h5_error_stack())); \
-    return rt_h5_rc_;                                                                   \
+#define H5_CHECK(stmt)                                                             \
+  ([&] {                                                                           \
+    auto rt_h5_rc_ = (stmt);                                                       \
+    if (rt_h5_rc_ < 0)                                                             \
+      ::ringtrain::throw_runtime(                                                  \
+          __FILE__, __LINE__,                                                      \
+          ::ringtrain::cat(#stmt " failed: ", ::ringtrain::io::h5_error_stack())); \
+    return rt_h5_rc_;                                                              \
   }())
 
 // An owned hid_t, closed with the function that matches its type.
@@ -34,7 +35,11 @@ class H5Id {
   explicit H5Id(hid_t id) : id_(id) {}
   H5Id(H5Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
   H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) { reset(); id_ = o.id_; o.id_ = H5I_INVALID_HID; }
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      o.id_ = H5I_INVALID_HID;
+    }
     return *this;
   }
   H5Id(const H5Id&) = delete;

@@ -17,14 +17,17 @@ IdxArray read_idx(const std::string& path) {
   RT_REQUIRE(std::filesystem::is_regular_file(path), "IDX file '", path, "' does not exist");
   gzFile f = gzopen(path.c_str(), "rb");
   RT_REQUIRE(f, "IDX file '", path, "' cannot be opened");
-  struct Closer { gzFile f; ~Closer() { gzclose(f); } } closer{f};
+  struct Closer {
+    gzFile f;
+    ~Closer() { gzclose(f); }
+  } closer{f};
   auto read_exact = [&](void* dst, size_t n) {
     size_t done = 0;
     while (done < n) {
       const unsigned chunk = unsigned(std::min<size_t>(n - done, 1u << 30));
       int got = gzread(f, static_cast<char*>(dst) + done, chunk);
-      RT_REQUIRE(got > 0, "IDX file '", path, "' is truncated or corrupt (read ", done, " of ",
-                 n, " bytes)");
+      RT_REQUIRE(got > 0, "IDX file '", path, "' is truncated or corrupt (read ", done, " of ", n,
+                 " bytes)");
       done += size_t(got);
     }
   };
@@ -49,8 +52,8 @@ ConvertResult convert_idx(const std::string& images, const std::string& labels,
                           const std::string& out) {
   IdxArray im = read_idx(images);
   IdxArray lb = read_idx(labels);
-  RT_REQUIRE(im.shape.size() == 3 || im.shape.size() == 2, "--images '", images,
-             "' has shape ", shape_str(im.shape), "; expected [N, H, W] or [N, D]");
+  RT_REQUIRE(im.shape.size() == 3 || im.shape.size() == 2, "--images '", images, "' has shape ",
+             shape_str(im.shape), "; expected [N, H, W] or [N, D]");
   RT_REQUIRE(lb.shape.size() == 1, "--labels '", labels, "' has shape ", shape_str(lb.shape),
              "; expected [N]");
   RT_REQUIRE(lb.shape[0] == im.shape[0], "--labels '", labels, "' holds ", lb.shape[0],

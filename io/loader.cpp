@@ -16,13 +16,12 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) 
   return p;
 }
 
-Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
-               double mean, double std)
+Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
+               double std)
     : data_(data), seed_(seed), global_batch_(global_batch), rank_(rank), mean_(mean), std_(std) {
   RT_REQUIRE(global_batch > 0, "the global batch size must be positive, got ", global_batch);
-  RT_REQUIRE(global_batch % world == 0, "global batch size ", global_batch,
-             " does not divide by ", world, " ranks; use a multiple of ", world,
-             " (or set --batch-size per rank)");
+  RT_REQUIRE(global_batch % world == 0, "global batch size ", global_batch, " does not divide by ",
+             world, " ranks; use a multiple of ", world, " (or set --batch-size per rank)");
   RT_REQUIRE(global_batch <= data.info().num_samples, "global batch size ", global_batch,
              " is larger than dataset '", data.info().path, "' (", data.info().num_samples,
              " samples)");
@@ -31,9 +30,8 @@ Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int
 
 void Loader::seek(int64_t epoch, int64_t position) {
   RT_REQUIRE(epoch >= 0 && position >= 0 && position <= data_.info().num_samples,
-             "data position (epoch ", epoch, ", sample ", position,
-             ") does not fit dataset '", data_.info().path, "' of ", data_.info().num_samples,
-             " samples");
+             "data position (epoch ", epoch, ", sample ", position, ") does not fit dataset '",
+             data_.info().path, "' of ", data_.info().num_samples, " samples");
   epoch_ = epoch;
   position_ = position;
 }

@@ -16,8 +16,8 @@ namespace ringtrain::io {
 std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n);
 
 struct Batch {
-  Tensor x;  // [B, sample...] float32, normalised
-  Tensor y;  // [B] int32
+  Tensor x;                         // [B, sample...] float32, normalised
+  Tensor y;                         // [B] int32
   int64_t epoch = 0, position = 0;  // where this batch starts in the epoch permutation
 };
 

@@ -5,18 +5,30 @@ namespace ringtrain::kernels {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::gemm: return "gemm";
-    case Op::cast: return "cast";
-    case Op::bias_add: return "bias_add";
-    case Op::bias_grad: return "bias_grad";
-    case Op::relu: return "relu";
-    case Op::relu_backward: return "relu_backward";
-    case Op::softmax_xent: return "softmax_xent";
-    case Op::unscale_check: return "unscale_check";
-    case Op::sum_squares: return "sum_squares";
-    case Op::scale: return "scale";
-    case Op::sgd_step: return "sgd_step";
-    case Op::adamw_step: return "adamw_step";
+    case Op::gemm:
+      return "gemm";
+    case Op::cast:
+      return "cast";
+    case Op::bias_add:
+      return "bias_add";
+    case Op::bias_grad:
+      return "bias_grad";
+    case Op::relu:
+      return "relu";
+    case Op::relu_backward:
+      return "relu_backward";
+    case Op::softmax_xent:
+      return "softmax_xent";
+    case Op::unscale_check:
+      return "unscale_check";
+    case Op::sum_squares:
+      return "sum_squares";
+    case Op::scale:
+      return "scale";
+    case Op::sgd_step:
+      return "sgd_step";
+    case Op::adamw_step:
+      return "adamw_step";
   }
   return "?";
 }

@@ -12,8 +12,18 @@
 namespace ringtrain::kernels {
 
 enum class Op {
-  gemm, cast, bias_add, bias_grad, relu, relu_backward, softmax_xent,
-  unscale_check, sum_squares, scale, sgd_step, adamw_step
+  gemm,
+  cast,
+  bias_add,
+  bias_grad,
+  relu,
+  relu_backward,
+  softmax_xent,
+  unscale_check,
+  sum_squares,
+  scale,
+  sgd_step,
+  adamw_step
 };
 const char* op_name(Op op);
 
@@ -62,7 +72,7 @@ class Backend {
   // out (fp32) = in * factor, fused with the non-finite check of the loss scaler; returns
   // true when any element is inf or nan. out may alias in when both are fp32.
   virtual bool unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
-  virtual double sum_squares(const Tensor& x) = 0;  // fp32 tensor, double accumulation
+  virtual double sum_squares(const Tensor& x) = 0;        // fp32 tensor, double accumulation
   virtual void scale(const Tensor& x, float factor) = 0;  // fp32, in place
 
   // Fused optimizer steps over flat fp32 buffers; when `work` is given (the compute-dtype

@@ -46,9 +46,9 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     meta = io::read_checkpoint_meta(cfg.checkpoint);
     data = std::make_unique<io::Dataset>(cfg.data);
     ModelSpec spec = ModelSpec::from_json(meta.model);
-    RT_REQUIRE(spec.input == data->info().sample_shape, "--data '", cfg.data, "' has samples of shape ",
-               shape_str(data->info().sample_shape), " but checkpoint '", cfg.checkpoint,
-               "' holds a model for ", shape_str(spec.input));
+    RT_REQUIRE(spec.input == data->info().sample_shape, "--data '", cfg.data,
+               "' has samples of shape ", shape_str(data->info().sample_shape), " but checkpoint '",
+               cfg.checkpoint, "' holds a model for ", shape_str(spec.input));
     RT_REQUIRE(data->info().num_classes <= spec.classes, "--data '", cfg.data, "' has ",
                data->info().num_classes, " classes but the model predicts ", spec.classes);
     model = build_model(spec, cfg.precision);
@@ -66,8 +66,12 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
                 cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
                 dtype_name(cfg.precision), r.loss, r.accuracy);
     MetricsWriter metrics(cfg.metrics);
-    metrics.write(JsonLine().add("type", "eval").add("step", meta.step).add("split", cfg.data)
-                      .add("loss", r.loss).add("accuracy", r.accuracy));
+    metrics.write(JsonLine()
+                      .add("type", "eval")
+                      .add("step", meta.step)
+                      .add("split", cfg.data)
+                      .add("loss", r.loss)
+                      .add("accuracy", r.accuracy));
   }
   return 0;
 }
@@ -75,7 +79,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) {
   std::vector<std::string> rest = args;
   agree(comm, [&] {
-    RT_REQUIRE(!rest.empty() && rest[0] == "idx", "ringtrain convert: expected a source format: "
+    RT_REQUIRE(!rest.empty() && rest[0] == "idx",
+               "ringtrain convert: expected a source format: "
                "`ringtrain convert idx --images F --labels F --out PATH`",
                rest.empty() ? "" : cat(" (got '", rest[0], "')"));
   });
@@ -112,7 +117,8 @@ std::string attr_value(hid_t obj, const char* name) {
 }
 
 herr_t print_attr(hid_t obj, const char* name, const H5A_info_t*, void* indent) {
-  std::printf("%s@%s = %s\n", static_cast<const char*>(indent), name, attr_value(obj, name).c_str());
+  std::printf("%s@%s = %s\n", static_cast<const char*>(indent), name,
+              attr_value(obj, name).c_str());
   return 0;
 }
 
@@ -125,7 +131,8 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
   } else if (info->type == H5O_TYPE_DATASET) {
     io::H5Id ds = io::open_dataset(root, name);
     auto t = io::dataset_dtype(ds);
-    std::printf("/%s  %s %s\n", name, t ? dtype_name(*t) : "?", shape_str(io::dataset_shape(ds)).c_str());
+    std::printf("/%s  %s %s\n", name, t ? dtype_name(*t) : "?",
+                shape_str(io::dataset_shape(ds)).c_str());
   }
   return 0;
 }
@@ -145,7 +152,8 @@ int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) 
     if (format && *format == io::kCheckpointFormat) {
       std::string why;
       const bool ok = io::validate_checkpoint(args[0], &why);
-      std::printf("valid: %s%s\n", ok ? "yes (all checksums verified)" : "NO: ", ok ? "" : why.c_str());
+      std::printf("valid: %s%s\n",
+                  ok ? "yes (all checksums verified)" : "NO: ", ok ? "" : why.c_str());
     }
   });
   return 0;

@@ -26,10 +26,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
-  std::string resume = "auto";   // auto | never | FILE
+  std::string resume = "auto";  // auto | never | FILE
   uint64_t seed = 42;
   std::string device = "cpu";
-  int threads = 0;               // 0: the rank's share of the node's cores
+  int threads = 0;  // 0: the rank's share of the node's cores
   std::string comm = "mpi";
   int64_t log_every = 50;
   std::string metrics;

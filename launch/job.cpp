@@ -57,7 +57,8 @@ void agree(comm::Communicator& comm, const std::function<void()>& fn) {
   if (v[0] == 0) return;
   if (code && comm.size() - comm.rank() == v[1]) {
     std::cerr << "ringtrain: error: " << message;
-    if (comm.size() > 1 && code == 2) std::cerr << " [rank " << comm.rank() << " on " << hostname() << "]";
+    if (comm.size() > 1 && code == 2)
+      std::cerr << " [rank " << comm.rank() << " on " << hostname() << "]";
     std::cerr << std::endl;
   }
   throw JobExit{int(v[0])};

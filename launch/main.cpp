@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
     if (command == "convert") return cmd_convert(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     agree(world, [&] {
-      throw_input(cat("unknown command '", command, "'; expected train, eval, convert, inspect "
+      throw_input(cat("unknown command '", command,
+                      "'; expected train, eval, convert, inspect "
                       "or --version"));
     });
   } catch (const JobExit& e) {

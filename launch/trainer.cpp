@@ -32,8 +32,8 @@ void Trainer::setup() {
   if (!cfg_.val_data.empty()) {
     val_ = std::make_unique<io::Dataset>(cfg_.val_data);
     RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
-               "' has samples of shape ", shape_str(val_->info().sample_shape),
-               " but --data has ", shape_str(info.sample_shape));
+               "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
+               shape_str(info.sample_shape));
   }
   if (info.has_norm) {
     mean_ = info.mean;
@@ -41,8 +41,8 @@ void Trainer::setup() {
   }
   global_batch_ = cfg_.global_batch_size ? cfg_.global_batch_size : cfg_.batch_size * comm_.size();
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
-             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ",
-             comm_.size(), " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
+             " ranks; use a multiple of ", comm_.size(), " or --batch-size");
   loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(),
                                          comm_.size(), mean_, std_);
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
@@ -65,9 +65,11 @@ void Trainer::setup() {
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
 
-  grad32_storage_ = cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
-  grad32_ = cfg_.precision == DType::f32 ? model_->grad()
-                                         : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
+  grad32_storage_ =
+      cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
+  grad32_ = cfg_.precision == DType::f32
+                ? model_->grad()
+                : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
 }
 
 void Trainer::start_state() {
@@ -78,7 +80,8 @@ void Trainer::start_state() {
       if (store_) {
         std::vector<std::string> skipped;
         auto latest = store_->latest_valid(&skipped);
-        for (auto& s : skipped) std::cerr << "ringtrain: warning: skipping invalid checkpoint " << s << "\n";
+        for (auto& s : skipped)
+          std::cerr << "ringtrain: warning: skipping invalid checkpoint " << s << "\n";
         if (latest) path = *latest;
       }
     } else if (cfg_.resume != "never") {
@@ -100,15 +103,17 @@ void Trainer::start_state() {
   RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", path, "' holds model ", m.model,
              " but this run builds ", model_->spec().to_json(),
              "; use the same --model/--hidden/data, or --resume never");
-  RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path, "' was trained with --optimizer ",
-             m.optimizer, "; this run asks for ", optimizer_->name());
+  RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path,
+             "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
+             optimizer_->name());
   std::vector<io::NamedTensor> params;
   for (auto& p : model_->params()) params.push_back({p.name, p.master});
   io::read_checkpoint_params(path, params);
   std::vector<io::OptimizerState> states;
   for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
     io::OptimizerState st{optimizer_->state_names()[s], {}};
-    for (auto& p : model_->params()) st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+    for (auto& p : model_->params())
+      st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
     states.push_back(std::move(st));
   }
   io::read_checkpoint_optimizer(path, states);
@@ -121,11 +126,11 @@ void Trainer::start_state() {
   epoch_ = m.data_epoch;
   RT_REQUIRE(m.seed == int64_t(cfg_.seed), "checkpoint '", path, "' was trained with --seed ",
              m.seed, "; this run has --seed ", cfg_.seed, " (the data order would differ)");
-  say(cat("resumed from ", path, " at step ", m.step, " (saved by ", m.world_size, " ranks in ",
-          m.precision, ")"));
+  resumed_from_ = cat("resumed from ", path, " at step ", m.step, " (saved by ", m.world_size,
+                      " ranks in ", m.precision, ")");
 }
 
-void Trainer::train_step(double* reduced) {
+Trainer::StepOutcome Trainer::step_once() {
   const io::Batch& batch = loader_->next();
   epoch_ = batch.epoch;
   Context ctx{*backend_, cfg_.precision, true};
@@ -143,16 +148,15 @@ void Trainer::train_step(double* reduced) {
   // Sum the gradients in the compute dtype, then unscale and average into fp32 in one pass.
   const Tensor grad = model_->grad();
   comm_.allreduce(grad.data, grad.numel(), grad.dtype, comm::ReduceOp::sum);
-  const bool nonfinite = backend_->unscale_check(grad, 1.f / (scale * float(comm_.size())), grad32_);
+  const bool nonfinite =
+      backend_->unscale_check(grad, 1.f / (scale * float(comm_.size())), grad32_);
 
   // One small allreduce agrees on the metrics and on stopping/saving.
-  const bool save_due = comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
-                        std::chrono::duration<double>(Clock::now() - last_save_time_).count() >=
-                            cfg_.checkpoint_secs;
-  reduced[0] = xent.loss_sum;
-  reduced[1] = double(xent.correct);
-  reduced[2] = stop_requested() ? 1 : 0;
-  reduced[3] = save_due ? 1 : 0;
+  const bool save_due =
+      comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
+      std::chrono::duration<double>(Clock::now() - last_save_time_).count() >= cfg_.checkpoint_secs;
+  double reduced[4] = {xent.loss_sum, double(xent.correct), stop_requested() ? 1. : 0.,
+                       save_due ? 1. : 0.};
   comm_.allreduce(reduced, 4, DType::f64, comm::ReduceOp::sum);
 
   const bool apply = scaler_->update(nonfinite);  // identical on all ranks: same summed grads
@@ -165,18 +169,23 @@ void Trainer::train_step(double* reduced) {
     optimizer_->step(*backend_, model_->master(), grad32_,
                      cfg_.precision == DType::f32 ? nullptr : &work, cfg_.optimizer.lr);
   } else {
-    metrics_.write(JsonLine().add("type", "skip").add("step", step_ + 1)
-                       .add("reason", "non-finite gradients").add("loss_scale", double(scaler_->scale())));
+    metrics_.write(JsonLine()
+                       .add("type", "skip")
+                       .add("step", step_ + 1)
+                       .add("reason", "non-finite gradients")
+                       .add("loss_scale", double(scaler_->scale())));
     if (scaler_->floor_hit()) {
-      const std::string msg = cat("loss scale is at its floor ", scaler_->scale(), " at step ", step_ + 1,
-                                  " and gradients still overflow; the run is diverging (lower --lr, "
-                                  "use bf16, or set --min-scale lower)");
+      const std::string msg =
+          cat("loss scale is at its floor ", scaler_->scale(), " at step ", step_ + 1,
+              " and gradients still overflow; the run is diverging (lower --lr, "
+              "use bf16, or set --min-scale lower)");
       if (comm_.rank() == 0) std::cerr << "ringtrain: warning: " << msg << std::endl;
       metrics_.write(JsonLine().add("type", "warning").add("step", step_ + 1).add("message", msg));
     }
   }
   ++step_;
   samples_seen_ += global_batch_;
+  return {reduced[0], reduced[1], reduced[2] > 0, reduced[3] > 0};
 }
 
 void Trainer::save_checkpoint() {
@@ -206,13 +215,17 @@ void Trainer::save_checkpoint() {
     std::vector<io::OptimizerState> states;
     for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
       io::OptimizerState st{optimizer_->state_names()[s], {}};
-      for (auto& p : model_->params()) st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+      for (auto& p : model_->params())
+        st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
       states.push_back(std::move(st));
     }
     const uint64_t bytes = store_->save(m, params, states);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    metrics_.write(JsonLine().add("type", "checkpoint").add("step", step_)
-                       .add("path", store_->path_for(step_)).add("seconds", secs)
+    metrics_.write(JsonLine()
+                       .add("type", "checkpoint")
+                       .add("step", step_)
+                       .add("path", store_->path_for(step_))
+                       .add("seconds", secs)
                        .add("bytes", int64_t(bytes)));
   });
   last_saved_step_ = step_;
@@ -223,14 +236,20 @@ void Trainer::run_eval() {
   if (!val_) return;
   EvalResult r;
   agree(comm_, [&] {
-    r = evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, loader_->local_batch()), mean_, std_);
+    r = evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, loader_->local_batch()),
+                 mean_, std_);
   });
   char line[160];
   std::snprintf(line, sizeof line, "eval step %lld: val loss %.4f accuracy %.4f (%lld samples)",
-                static_cast<long long>(step_), r.loss, r.accuracy, static_cast<long long>(r.samples));
+                static_cast<long long>(step_), r.loss, r.accuracy,
+                static_cast<long long>(r.samples));
   say(line);
-  metrics_.write(JsonLine().add("type", "eval").add("step", step_).add("split", "val")
-                     .add("loss", r.loss).add("accuracy", r.accuracy));
+  metrics_.write(JsonLine()
+                     .add("type", "eval")
+                     .add("step", step_)
+                     .add("split", "val")
+                     .add("loss", r.loss)
+                     .add("accuracy", r.accuracy));
 }
 
 int Trainer::run() {
@@ -241,20 +260,20 @@ int Trainer::run() {
           dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
           ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
           comm_.backend(), " in ", dtype_name(cfg_.precision)));
-  say(cat("data '", info.path, "': ", info.num_samples, " samples of ", shape_str(info.sample_shape),
-          ", ", info.num_classes, " classes; model ", model_->spec().to_json(), " with ",
-          model_->num_params(), " parameters; ", loader_->steps_per_epoch(), " steps/epoch, ",
-          total_steps_, " steps"));
+  say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
+          shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
+          model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",
+          loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
+  if (!resumed_from_.empty()) say(resumed_from_);
   last_save_time_ = Clock::now();
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   double window_loss = 0, window_correct = 0;
   while (step_ < total_steps_) {
-    double reduced[4];
-    train_step(reduced);
+    const StepOutcome out = step_once();
     ++window_steps;
-    window_loss += reduced[0];
-    window_correct += reduced[1];
+    window_loss += out.loss_sum;
+    window_correct += out.correct;
     if (step_ % cfg_.log_every == 0 || step_ == total_steps_) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       const double samples = double(window_steps * global_batch_);
@@ -267,15 +286,20 @@ int Trainer::run() {
                     static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()),
                     double(cfg_.optimizer.lr), sps);
       say(line);
-      metrics_.write(JsonLine().add("type", "step").add("step", step_).add("epoch", epoch_)
-                         .add("loss", loss).add("loss_scale", double(scaler_->scale()))
-                         .add("lr", double(cfg_.optimizer.lr)).add("samples_per_sec", sps)
+      metrics_.write(JsonLine()
+                         .add("type", "step")
+                         .add("step", step_)
+                         .add("epoch", epoch_)
+                         .add("loss", loss)
+                         .add("loss_scale", double(scaler_->scale()))
+                         .add("lr", double(cfg_.optimizer.lr))
+                         .add("samples_per_sec", sps)
                          .add("world_size", comm_.size()));
       window_start = Clock::now();
       window_steps = 0;
       window_loss = window_correct = 0;
     }
-    if (reduced[2] > 0) {  // a rank got a stop signal: all stop here, at the same step
+    if (out.stop) {  // a rank got a stop signal: all stop here, at the same step
       if (cfg_.checkpoint_dir.empty()) {
         agree(comm_, [&] {
           throw Error(ErrorKind::runtime, cat("stopped by a signal at step ", step_,
@@ -283,12 +307,13 @@ int Trainer::run() {
         });
       }
       save_checkpoint();
-      say(cat("stopped by a signal at step ", step_, "; checkpoint saved. Run the same command "
+      say(cat("stopped by a signal at step ", step_,
+              "; checkpoint saved. Run the same command "
               "again to continue."));
       return 75;
     }
     const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
-    if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || reduced[3] > 0)
+    if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || out.save_due)
       save_checkpoint();
     if (epoch_done && step_ < total_steps_) run_eval();
   }

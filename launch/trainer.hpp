@@ -27,14 +27,23 @@ class Trainer {
   // Trains to the end (returns 0) or until a stop signal (saves, returns 75).
   int run();
 
-  // For tests: the model and the step reached.
+  // What one step agreed on across ranks (one small allreduce per step).
+  struct StepOutcome {
+    double loss_sum = 0, correct = 0;  // over the global batch
+    bool stop = false;                 // some rank got a stop signal
+    bool save_due = false;             // --checkpoint-secs elapsed on rank 0
+  };
+  // One step: this rank's batch, forward, backward, gradient allreduce, unscale + check,
+  // optimizer (or skip). run() is a loop of these; tests drive it directly.
+  StepOutcome step_once();
+
   Model& model() { return *model_; }
   int64_t step() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
 
  private:
   void setup();
   void start_state();
-  void train_step(double* reduced);
   void save_checkpoint();
   void run_eval();
   void say(const std::string& line) const;  // rank 0, stdout
@@ -55,6 +64,7 @@ class Trainer {
   int64_t global_batch_ = 0, total_steps_ = 0, step_ = 0, samples_seen_ = 0;
   int64_t last_saved_step_ = -1, epoch_ = 0;
   double mean_ = 0, std_ = 1;
+  std::string resumed_from_;  // what start_state() resumed from, for the first lines
   std::chrono::steady_clock::time_point last_save_time_;
 };
 

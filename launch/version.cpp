@@ -14,13 +14,14 @@ std::string version_text() {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   return cat("ringtrain ", RINGTRAIN_VERSION, " (", RINGTRAIN_BUILD_TYPE, ")\n",
-             "  MPI:    ", comm::mpi_library_version(), "\n",
-             "  HDF5:   ", maj, ".", min, ".", rel, H5_HAVE_PARALLEL ? " (parallel)" : " (serial)", "\n",
-             "  BLAS:   ", kernels::blas_version(), "\n",
-             "  Boost:  ", BOOST_VERSION / 100000, ".", BOOST_VERSION / 100 % 1000, "\n",
-             "  CUDA:   ", RINGTRAIN_HAS_CUDA ? cat("toolkit ", RINGTRAIN_CUDA_VERSION, " enabled; no CUDA backend in this version") : std::string("not built"), "\n",
-             "  cuDNN:  not built\n",
-             "  NCCL:   not built\n");
+             "  MPI:    ", comm::mpi_library_version(), "\n", "  HDF5:   ", maj, ".", min, ".", rel,
+             H5_HAVE_PARALLEL ? " (parallel)" : " (serial)", "\n",
+             "  BLAS:   ", kernels::blas_version(), "\n", "  Boost:  ", BOOST_VERSION / 100000, ".",
+             BOOST_VERSION / 100 % 1000, "\n", "  CUDA:   ",
+             RINGTRAIN_HAS_CUDA ? cat("toolkit ", RINGTRAIN_CUDA_VERSION,
+                                      " enabled; no CUDA backend in this version")
+                                : std::string("not built"),
+             "\n", "  cuDNN:  not built\n", "  NCCL:   not built\n");
 }
 
 }  // namespace ringtrain::launch

@@ -51,13 +51,19 @@ const Ops16& ops16() {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
+    case DType::f32:
+      return MPI_FLOAT;
     case DType::f16:
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
-    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+    case DType::f64:
+      return MPI_DOUBLE;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -68,9 +74,12 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
     return t == DType::f16 ? ops16().sum_f16 : ops16().sum_bf16;
   }
   switch (op) {
-    case ReduceOp::sum: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -114,8 +123,8 @@ void MpiCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp 
   const size_t esize = dtype_size(dtype);
   for (int64_t done = 0; done < count;) {
     const int n = int(std::min(kMaxCount, count - done));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, n, mpi_type(dtype),
-                            mpi_op(op, dtype), comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, n, mpi_type(dtype), mpi_op(op, dtype),
+                            comm_));
     done += n;
   }
 }
@@ -132,8 +141,8 @@ void MpiCommunicator::broadcast(void* buf, int64_t count, DType dtype, int root)
 
 void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DType dtype) {
   RT_CHECK(count <= INT_MAX, "allgather of ", count, " elements per rank");
-  MPI_CHECK(MPI_Allgather(send, int(count), mpi_type(dtype), recv, int(count), mpi_type(dtype),
-                          comm_));
+  MPI_CHECK(
+      MPI_Allgather(send, int(count), mpi_type(dtype), recv, int(count), mpi_type(dtype), comm_));
 }
 
 void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }

@@ -19,7 +19,8 @@ bool have_f16c() {
 __attribute__((target("avx,f16c"))) void half_to_f32_f16c(const uint16_t* s, float* d, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    _mm256_storeu_ps(d + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   for (; i < n; ++i) d[i] = half_to_float(s[i]);
 }
 

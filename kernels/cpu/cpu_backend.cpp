@@ -59,8 +59,8 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
     if (beta != 0.f) to_f32(c.data, c.dtype, pc, c.numel(), threads_);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, pa,
-              int(a.dim(1)), pb, int(b.dim(1)), beta, pc, int(n));
+              trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, pa, int(a.dim(1)),
+              pb, int(b.dim(1)), beta, pc, int(n));
   if (c.dtype != DType::f32) from_f32(pc, c.data, c.dtype, c.numel(), threads_);
 }
 

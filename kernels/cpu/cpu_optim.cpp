@@ -21,8 +21,9 @@ void with_work(const Tensor* work, Body body) {
 void CpuBackend::sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
                           const Tensor* momentum, const Tensor* work) {
   const int64_t n = param.numel();
-  RT_CHECK(grad.numel() == n && (!momentum || momentum->numel() == n) && (!work || work->numel() == n),
-           "sgd_step buffers differ in size");
+  RT_CHECK(
+      grad.numel() == n && (!momentum || momentum->numel() == n) && (!work || work->numel() == n),
+      "sgd_step buffers differ in size");
   float* p = param.as<float>();
   const float* g = grad.as<float>();
   float* m = momentum ? momentum->as<float>() : nullptr;

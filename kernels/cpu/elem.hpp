@@ -36,10 +36,14 @@ struct Elem<DType::bf16> {
 template <typename F>
 decltype(auto) dispatch_float(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f(Elem<DType::f32>{});
-    case DType::f16: return f(Elem<DType::f16>{});
-    case DType::bf16: return f(Elem<DType::bf16>{});
-    default: break;
+    case DType::f32:
+      return f(Elem<DType::f32>{});
+    case DType::f16:
+      return f(Elem<DType::f16>{});
+    case DType::bf16:
+      return f(Elem<DType::bf16>{});
+    default:
+      break;
   }
   throw_runtime(__FILE__, __LINE__, cat("a float dtype was expected, got ", dtype_name(t)));
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The CLI contract: --version lists every library; inspect shows a dataset and a
+# checkpoint; options come from the INI file and the command line wins; eval reports loss
+# and accuracy; the metrics file is JSON lines with the documented fields; --help exits 0.
+source "$(dirname "$0")/lib.sh"
+dir=$(workdir cli)
+
+v=$("$BIN" --version)
+for lib in ringtrain MPI HDF5 BLAS CUDA cuDNN NCCL; do
+  grep -q "$lib" <<<"$v" || fail "--version does not mention $lib"
+done
+grep -q "Open MPI" <<<"$v" || fail "--version: MPI library"
+grep -q "parallel" <<<"$v" || fail "--version: HDF5 is not parallel"
+grep -q "OpenBLAS" <<<"$v" || fail "--version: BLAS"
+pass "--version"
+
+"$BIN" train --help | contains "--global-batch-size" || fail "train --help"
+"$BIN" --help | contains "convert idx" || fail "--help"
+pass "--help"
+
+# INI file: precision and steps from the file, --steps from the command line wins.
+cat >"$dir/run.ini" <<'INI'
+# a comment
+precision = bf16
+steps = 9
+hidden = 64,32
+batch-size = 16
+log-every = 1
+INI
+mpi 2 "$BIN" train --config "$dir/run.ini" --data "$DATA/train.h5" --steps 4 --threads 1 \
+  --checkpoint-dir "$dir/ck" --metrics "$dir/m.jsonl" --val-data "$DATA/test.h5" >"$dir/out"
+[[ -f "$dir/ck/ckpt-000000004.h5" ]] || fail "command line --steps 4 did not win over the file's 9"
+h5dump -a /precision "$dir/ck/ckpt-000000004.h5" | contains '"bf16"' || fail "precision from the file"
+grep -q "global batch 32 (16/rank)" "$dir/out" || fail "batch-size from the file"
+pass "config file, command line wins"
+
+python3 - "$dir/m.jsonl" <<'PY' || fail "metrics JSON lines"
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+steps = [r for r in recs if r["type"] == "step"]
+assert [r["step"] for r in steps] == [1, 2, 3, 4], steps
+for r in steps:
+    assert set(r) >= {"step", "epoch", "loss", "loss_scale", "lr", "samples_per_sec", "world_size"}, r
+    assert r["world_size"] == 2 and r["loss"] > 0
+ck = [r for r in recs if r["type"] == "checkpoint"]
+assert ck and ck[-1]["step"] == 4 and ck[-1]["bytes"] > 0 and ck[-1]["path"].endswith("ckpt-000000004.h5"), ck
+ev = [r for r in recs if r["type"] == "eval"]
+assert ev and ev[-1]["split"] == "val" and 0 <= ev[-1]["accuracy"] <= 1, ev
+PY
+pass "metrics records"
+
+out=$(mpi 2 "$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" --threads 1)
+grep -qE "10000 samples.*loss [0-9.]+ accuracy 0\.[0-9]+" <<<"$out" || fail "eval output: $out"
+one=$("$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" --threads 1)
+[[ "${out##*accuracy }" == "${one##*accuracy }" ]] \
+  || fail "eval on 2 ranks and 1 rank disagree: $out / $one"
+pass "eval: $out"
+
+i=$("$BIN" inspect "$dir/ck/ckpt-000000004.h5")
+for want in "ringtrain-checkpoint" "/params/fc1.weight  fp32 \[64, 784\]" "valid: yes"; do
+  grep -q "$want" <<<"$i" || fail "inspect checkpoint shows no '$want': $i"
+done
+"$BIN" inspect "$DATA/test.h5" | contains "/images  uint8 \[10000, 1, 28, 28\]" || fail "inspect dataset"
+pass "inspect"

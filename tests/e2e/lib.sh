@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Shared helpers of the end-to-end tests: where the binary and data are, how to start MPI
+# jobs on this machine, and assertions that say what went wrong.
+# Sourced by each test; expects RINGTRAIN_BIN and E2E_DIR from CTest.
+set -euo pipefail
+
+# shellcheck disable=SC2034  # used by the tests that source this file
+BIN=${RINGTRAIN_BIN:?RINGTRAIN_BIN is not set}
+E2E_DIR=${E2E_DIR:?E2E_DIR is not set}
+# shellcheck disable=SC2034
+DATA=$E2E_DIR/data
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+# mpi N CMD...: run CMD on N ranks (timeout so that a hang fails the test instead of CI).
+mpi() {
+  local n=$1
+  shift
+  timeout 300 mpirun -n "$n" "$@"
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+pass() { echo "ok: $*"; }
+
+# A fresh directory for one test.
+workdir() {
+  local d=$E2E_DIR/$1
+  rm -rf "$d"
+  mkdir -p "$d"
+  echo "$d"
+}
+
+# CMD | contains PATTERN: like grep -q, but reads all its input first, so that the writer
+# never dies of SIGPIPE (which pipefail would report as a failure).
+contains() {
+  local input
+  input=$(cat)
+  grep -q -- "$1" <<<"$input"
+}

@@ -1,0 +1,288 @@
+// io without MPI: dataset validation (every wrong schema is an input error naming the
+// file), batched hyperslab reads against the values written, the epoch permutation, the
+// IDX reader, and the checkpoint store (atomic names, keep, corruption detected and skipped).
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "io/checkpoint.hpp"
+#include "io/dataset.hpp"
+#include "io/hdf5.hpp"
+#include "io/idx.hpp"
+#include "io/loader.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain::io {
+namespace {
+
+class IoTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    silence_hdf5_errors();
+    char tmpl[] = "/tmp/ringtrain-io-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+
+  // n samples [1, 2, 3]: pixel k of sample i = (i * 7 + k) % 256, label i % 5.
+  std::string make_dataset(int64_t n) {
+    std::vector<uint8_t> img(static_cast<size_t>(n * 6));
+    std::vector<int32_t> lab(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      lab[size_t(i)] = int32_t(i % 5);
+      for (int k = 0; k < 6; ++k) img[size_t(i * 6 + k)] = uint8_t((i * 7 + k) % 256);
+    }
+    const std::string p = path("data.h5");
+    write_dataset_file(p, img.data(), {n, 1, 2, 3}, lab.data(), 5);
+    return p;
+  }
+
+  // Expects an input error whose message contains `want`.
+  template <typename F>
+  void expect_input_error(F f, const std::string& want) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one naming '" << want << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+
+  std::string dir_;
+};
+
+TEST_F(IoTest, DatasetReadsExactlyTheRequestedSamplesInOrder) {
+  const std::string p = make_dataset(1000);
+  Dataset d(p);
+  EXPECT_EQ(d.info().num_samples, 1000);
+  EXPECT_EQ(d.info().sample_shape, (Shape{1, 2, 3}));
+  EXPECT_EQ(d.info().num_classes, 5);
+  ASSERT_TRUE(d.info().has_norm);
+  // Unsorted, with a run, a repeat and both ends.
+  const std::vector<int64_t> idx = {999, 3, 4, 5, 0, 500, 3, 998};
+  std::vector<float> x(idx.size() * 6);
+  std::vector<int32_t> y(idx.size());
+  d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.0, 1.0);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    EXPECT_EQ(y[j], idx[j] % 5) << "at position " << j;
+    for (int k = 0; k < 6; ++k)
+      ASSERT_FLOAT_EQ(x[j * 6 + k], float((idx[j] * 7 + k) % 256) / 255.f) << "sample " << idx[j];
+  }
+  // Normalisation: (v - mean) / std.
+  d.read(idx.data(), 1, x.data(), y.data(), 0.5, 2.0);
+  EXPECT_FLOAT_EQ(x[0], (float((999 * 7) % 256) / 255.f - 0.5f) / 2.f);
+}
+
+TEST_F(IoTest, WrongSchemasAreInputErrorsNamingTheFile) {
+  expect_input_error([&] { Dataset d(path("none.h5")); }, "does not exist");
+  { std::ofstream(path("text.h5")) << "hello"; }
+  expect_input_error([&] { Dataset d(path("text.h5")); }, "is not an HDF5 file");
+  auto make = [&](const std::string& name, auto&& body) {
+    H5Id f = create_file(path(name));
+    body(f);
+    return path(name);
+  };
+  uint8_t img[12] = {0};
+  int32_t lab[2] = {0, 1};
+  auto ok_attrs = [](hid_t f) {
+    write_attr(f, "format", std::string(kDatasetFormat));
+    write_attr(f, "format_version", kDatasetVersion);
+    write_attr(f, "num_classes", int64_t(2));
+  };
+  const Tensor images(img, {2, 6}, DType::u8), labels(lab, {2}, DType::i32);
+  const Tensor short_labels(lab, {1}, DType::i32), float_labels(img, {2}, DType::f32);
+  expect_input_error(
+      [&] { Dataset d(make("noformat.h5", [&](hid_t f) { write_dataset(f, "images", images); })); },
+      "attribute 'format' is missing");
+  expect_input_error(
+      [&] {
+        Dataset d(make("v2.h5", [&](hid_t f) {
+          ok_attrs(f);
+          write_attr(f, "format_version", int64_t(2));
+        }));
+      },
+      "format_version 2");
+  expect_input_error(
+      [&] {
+        Dataset d(make("nolabels.h5", [&](hid_t f) {
+          ok_attrs(f);
+          write_dataset(f, "images", images);
+        }));
+      },
+      "/labels");
+  expect_input_error(
+      [&] {
+        Dataset d(make("short.h5", [&](hid_t f) {
+          ok_attrs(f);
+          write_dataset(f, "images", images);
+          write_dataset(f, "labels", short_labels);
+        }));
+      },
+      "/labels has shape [1]; expected [2]");
+  expect_input_error(
+      [&] {
+        Dataset d(make("floatlabels.h5", [&](hid_t f) {
+          ok_attrs(f);
+          write_dataset(f, "images", images);
+          write_dataset(f, "labels", float_labels);
+        }));
+      },
+      "/labels must be int32 or int64");
+  expect_input_error(
+      [&] {
+        Dataset d(make("3d.h5", [&](hid_t f) {
+          ok_attrs(f);
+          write_dataset(f, "images", Tensor(img, {2, 2, 3}, DType::u8));
+          write_dataset(f, "labels", labels);
+        }));
+      },
+      "expected [N, C, H, W] or [N, D]");
+  // A label outside [0, num_classes) is reported when read.
+  const std::string bad = make("badlabel.h5", [&](hid_t f) {
+    ok_attrs(f);
+    write_dataset(f, "images", images);
+    int32_t big[2] = {0, 7};
+    write_dataset(f, "labels", Tensor(big, {2}, DType::i32));
+  });
+  Dataset d(bad);
+  float x[12];
+  int32_t y[2];
+  const int64_t idx[2] = {0, 1};
+  expect_input_error([&] { d.read(idx, 2, x, y, 0, 1); }, "label 7 of sample 1");
+}
+
+TEST_F(IoTest, EpochPermutationIsAPermutationThatDependsOnSeedAndEpoch) {
+  auto p = epoch_permutation(1, 0, 1000);
+  std::set<int64_t> seen(p.begin(), p.end());
+  EXPECT_EQ(seen.size(), 1000u);
+  EXPECT_EQ(*seen.begin(), 0);
+  EXPECT_EQ(*seen.rbegin(), 999);
+  EXPECT_EQ(p, epoch_permutation(1, 0, 1000)) << "deterministic";
+  EXPECT_NE(p, epoch_permutation(1, 1, 1000)) << "differs by epoch";
+  EXPECT_NE(p, epoch_permutation(2, 0, 1000)) << "differs by seed";
+}
+
+TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
+  const std::string p = make_dataset(100);
+  Dataset d(p);
+  Loader one(d, 3, 20, 0, 1, 0, 1);
+  std::vector<int32_t> global;
+  for (int s = 0; s < 6; ++s) {  // crosses the epoch end (5 batches of 20 per epoch)
+    const Batch& b = one.next();
+    global.insert(global.end(), b.y.as<int32_t>(), b.y.as<int32_t>() + 20);
+  }
+  for (int world : {2, 4}) {
+    std::vector<int32_t> stitched;
+    std::vector<std::unique_ptr<Loader>> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.push_back(std::make_unique<Loader>(d, 3, 20, r, world, 0, 1));
+    for (int s = 0; s < 6; ++s)
+      for (int r = 0; r < world; ++r) {
+        const Batch& b = ranks[size_t(r)]->next();
+        stitched.insert(stitched.end(), b.y.as<int32_t>(), b.y.as<int32_t>() + 20 / world);
+      }
+    EXPECT_EQ(stitched, global) << world << " ranks see another sample order";
+  }
+  expect_input_error([&] { Loader l(d, 3, 21, 0, 2, 0, 1); }, "does not divide by 2 ranks");
+  expect_input_error([&] { Loader l(d, 3, 200, 0, 1, 0, 1); }, "larger than dataset");
+}
+
+TEST_F(IoTest, IdxReaderAndConverter) {
+  auto write_gz = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+    gzFile f = gzopen(path(name).c_str(), "wb");
+    gzwrite(f, bytes.data(), unsigned(bytes.size()));
+    gzclose(f);
+    return path(name);
+  };
+  std::vector<uint8_t> images = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2};
+  for (int i = 0; i < 12; ++i) images.push_back(uint8_t(i * 20));
+  const std::string im = write_gz("im.gz", images);
+  const std::string lb = write_gz("lb.gz", {0, 0, 8, 1, 0, 0, 0, 3, 2, 0, 1});
+  IdxArray a = read_idx(im);
+  EXPECT_EQ(a.shape, (Shape{3, 2, 2}));
+  EXPECT_EQ(a.data[11], 220);
+  auto r = convert_idx(im, lb, path("out.h5"));
+  EXPECT_EQ(r.samples, 3);
+  EXPECT_EQ(r.num_classes, 3);
+  Dataset d(path("out.h5"));
+  EXPECT_EQ(d.info().sample_shape, (Shape{1, 2, 2}));
+  const std::string wrong = write_gz("lb2.gz", {0, 0, 8, 1, 0, 0, 0, 2, 0, 1});
+  expect_input_error([&] { convert_idx(im, wrong, path("x.h5")); }, "holds 2 labels");
+  const std::string trunc = write_gz("t.gz", {0, 0, 8, 3, 0, 0, 0, 9, 0, 0, 0, 2, 0, 0, 0, 2, 1});
+  expect_input_error([&] { read_idx(trunc); }, "truncated");
+  expect_input_error(
+      [&] {
+        read_idx(write_gz("i32.gz", {0, 0, 0x0c, 1, 0, 0, 0, 1, 1, 2, 3, 4}));
+      },
+      "only unsigned bytes");
+}
+
+TEST_F(IoTest, CheckpointStoreKeepsTheNewestAndSkipsCorruptFiles) {
+  std::vector<float> w(4000), m(4000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i) * 0.5f;
+  CheckpointStore store(path("ck"), 2);
+  CheckpointMeta meta;
+  meta.model = "{}";
+  meta.precision = "fp32";
+  meta.ringtrain_version = "test";
+  meta.optimizer = "sgd";
+  for (int64_t step : {10, 20, 30}) {
+    meta.step = step;
+    w[0] = float(step);
+    store.save(meta, {{"fc.weight", Tensor(w.data(), {40, 100}, DType::f32)}},
+               {{"momentum", {{"fc.weight", Tensor(m.data(), {40, 100}, DType::f32)}}}});
+  }
+  const auto files = store.list();
+  ASSERT_EQ(files.size(), 2u) << "--keep 2";
+  EXPECT_EQ(fs::path(files[0]).filename(), "ckpt-000000020.h5");
+  EXPECT_EQ(fs::path(files[1]).filename(), "ckpt-000000030.h5");
+  EXPECT_EQ(read_checkpoint_meta(files[1]).step, 30);
+  std::vector<float> back(4000);
+  read_checkpoint_params(files[1], {{"fc.weight", Tensor(back.data(), {40, 100}, DType::f32)}});
+  EXPECT_EQ(back[0], 30.f);
+  EXPECT_EQ(back[3999], w[3999]);
+  expect_input_error(
+      [&] {
+        read_checkpoint_params(files[1],
+                               {{"fc.weight", Tensor(back.data(), {100, 40}, DType::f32)}});
+      },
+      "has shape [40, 100]; expected [100, 40]");
+
+  // Flip bytes inside the newest file's parameter data: Fletcher32 catches it and the
+  // store falls back to the previous checkpoint.
+  {
+    std::fstream f(files[1], std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> all((std::istreambuf_iterator<char>(f)), {});
+    // The data of fc.weight is the run of w's bytes; find w[100]'s bytes and corrupt them.
+    const float probe[4] = {w[100], w[101], w[102], w[103]};
+    auto it = std::search(all.begin(), all.end(), reinterpret_cast<const char*>(probe),
+                          reinterpret_cast<const char*>(probe) + 16);
+    ASSERT_NE(it, all.end());
+    f.seekp(it - all.begin());
+    const char junk[4] = {1, 2, 3, 4};
+    f.write(junk, 4);
+  }
+  std::string why;
+  EXPECT_FALSE(validate_checkpoint(files[1], &why));
+  EXPECT_NE(why.find("fc.weight"), std::string::npos) << why;
+  std::vector<std::string> skipped;
+  auto latest = store.latest_valid(&skipped);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(*latest, files[0]);
+  EXPECT_EQ(skipped.size(), 1u);
+  // A truncated file is no checkpoint either.
+  fs::resize_file(files[0], fs::file_size(files[0]) / 2);
+  EXPECT_FALSE(store.latest_valid(nullptr).has_value());
+  expect_input_error([&] { CheckpointStore s(path("ck"), 0); }, "--keep 0");
+}
+
+}  // namespace
+}  // namespace ringtrain::io
