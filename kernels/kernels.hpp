@@ -84,6 +84,12 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// Host-memory conversions for code outside the backends (comm's 16-bit reductions, io):
+// fp16 uses F16C when the CPU has it; results are bit-identical to the scalar conversions
+// of core/dtype.hpp. Single-threaded.
+void host_to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
+void host_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 // "OpenBLAS 0.3.21 (Haswell, pthread, max 64 threads)" or the like, for --version.
 std::string blas_version();
 

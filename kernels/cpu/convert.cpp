@@ -82,3 +82,14 @@ void from_f32(const float* src, void* dst, DType t, int64_t n, int threads) {
 }
 
 }  // namespace ringtrain::kernels::cpu
+
+namespace ringtrain::kernels {
+
+void host_to_f32(const void* src, DType t, float* dst, int64_t n) {
+  cpu::to_f32(src, t, dst, n, 1);
+}
+void host_from_f32(const float* src, void* dst, DType t, int64_t n) {
+  cpu::from_f32(src, dst, t, n, 1);
+}
+
+}  // namespace ringtrain::kernels
