@@ -62,3 +62,28 @@ for want in "ringtrain-checkpoint" "/params/fc1.weight  fp32 \[64, 784\]" "valid
 done
 "$BIN" inspect "$DATA/test.h5" | contains "/images  uint8 \[10000, 1, 28, 28\]" || fail "inspect dataset"
 pass "inspect"
+
+# --checkpoint-secs: a tiny interval saves after (nearly) every step, agreed by all ranks.
+mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 6 --hidden 32 --threads 1 --keep 10 \
+  --checkpoint-dir "$dir/secs" --checkpoint-secs 0.000001 >/dev/null
+n=$(find "$dir/secs" -name 'ckpt-*.h5' | wc -l)
+(( n >= 5 )) || fail "--checkpoint-secs: $n checkpoints after 6 steps"
+pass "--checkpoint-secs saved $n checkpoints in 6 steps"
+
+# A loss scale so large that fp16 gradients overflow: every step is skipped with a record,
+# the scale backs off to its floor and the run warns once.
+mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 6 --hidden 32 --threads 1 --precision fp16 \
+  --init-scale 1e30 --min-scale 1e29 --metrics "$dir/skip.jsonl" >"$dir/skip.out" 2>"$dir/skip.err"
+[[ $(grep -c 'loss scale is at its floor' "$dir/skip.err") -eq 1 ]] || fail "floor warning: $(cat "$dir/skip.err")"
+python3 - "$dir/skip.jsonl" <<'PY' || fail "skip records"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+skips = [r for r in recs if r["type"] == "skip"]
+assert [r["step"] for r in skips] == [1, 2, 3, 4, 5, 6], skips
+assert all(r["reason"] == "non-finite gradients" for r in skips)
+scales = [r["loss_scale"] for r in skips]
+want = [5e29, 2.5e29, 1.25e29, 1e29, 1e29, 1e29]  # x0.5 per overflow, floor 1e29
+assert all(abs(s - w) <= 1e-6 * w for s, w in zip(scales, want)), scales
+assert sum(r["type"] == "warning" for r in recs) == 1, recs
+PY
+pass "overflowing steps are skipped, recorded, and the floor is reported once"
