@@ -29,6 +29,7 @@ struct Param {
   std::string name;  // "<layer>.<param>", the checkpoint name
   Shape shape;
   int64_t offset = 0;  // in elements, into the flat buffers
+  int64_t fan_in = 1;  // for the initialisation
   Tensor master;       // fp32
   Tensor work;         // compute dtype (aliases master in fp32)
   Tensor grad;         // compute dtype

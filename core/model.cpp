@@ -130,6 +130,7 @@ Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType c
       Param p;
       p.name = layer->name() + "." + ps.name;
       p.shape = ps.shape;
+      p.fan_in = ps.fan_in;
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       params_.push_back(std::move(p));
@@ -157,15 +158,11 @@ Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType c
 }
 
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
-  size_t i = 0;
-  for (auto& layer : layers_) {
-    for (auto& ps : layer->param_specs()) {
-      Param& p = params_[i++];
-      Rng rng(mix_seed(seed, hash_name(p.name)));
-      const float bound = 1.f / std::sqrt(float(ps.fan_in));
-      float* v = p.master.as<float>();
-      for (int64_t j = 0; j < p.master.numel(); ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
-    }
+  for (Param& p : params_) {
+    Rng rng(mix_seed(seed, hash_name(p.name)));
+    const float bound = 1.f / std::sqrt(float(p.fan_in));
+    float* v = p.master.as<float>();
+    for (int64_t j = 0; j < p.master.numel(); ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
   }
   refresh_working_copy(backend);
 }

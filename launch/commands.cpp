@@ -52,9 +52,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     RT_REQUIRE(data->info().num_classes <= spec.classes, "--data '", cfg.data, "' has ",
                data->info().num_classes, " classes but the model predicts ", spec.classes);
     model = build_model(spec, cfg.precision);
-    std::vector<io::NamedTensor> params;
-    for (auto& p : model->params()) params.push_back({p.name, p.master});
-    io::read_checkpoint_params(cfg.checkpoint, params);
+    io::read_checkpoint_params(cfg.checkpoint, master_views(*model));
     model->refresh_working_copy(*backend);
   });
   EvalResult r;

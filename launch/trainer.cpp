@@ -21,6 +21,23 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
 
 Trainer::~Trainer() = default;
 
+std::vector<io::NamedTensor> master_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& p : model.params()) views.push_back({p.name, p.master});
+  return views;
+}
+
+std::vector<io::OptimizerState> Trainer::optimizer_views() const {
+  std::vector<io::OptimizerState> states;
+  for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
+    io::OptimizerState st{optimizer_->state_names()[s], {}};
+    for (auto& p : model_->params())
+      st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+    states.push_back(std::move(st));
+  }
+  return states;
+}
+
 void Trainer::say(const std::string& line) const {
   if (comm_.rank() == 0) std::cout << line << std::endl;
 }
@@ -106,17 +123,8 @@ void Trainer::start_state() {
   RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path,
              "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
              optimizer_->name());
-  std::vector<io::NamedTensor> params;
-  for (auto& p : model_->params()) params.push_back({p.name, p.master});
-  io::read_checkpoint_params(path, params);
-  std::vector<io::OptimizerState> states;
-  for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
-    io::OptimizerState st{optimizer_->state_names()[s], {}};
-    for (auto& p : model_->params())
-      st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
-    states.push_back(std::move(st));
-  }
-  io::read_checkpoint_optimizer(path, states);
+  io::read_checkpoint_params(path, master_views(*model_));
+  io::read_checkpoint_optimizer(path, optimizer_views());
   optimizer_->set_steps(m.optimizer_step);
   scaler_->restore(float(m.loss_scale), m.growth_tracker);
   loader_->seek(m.data_epoch, m.data_position);
@@ -210,16 +218,7 @@ void Trainer::save_checkpoint() {
     m.seed = int64_t(cfg_.seed);
     m.input_mean = mean_;
     m.input_std = std_;
-    std::vector<io::NamedTensor> params;
-    for (auto& p : model_->params()) params.push_back({p.name, p.master});
-    std::vector<io::OptimizerState> states;
-    for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
-      io::OptimizerState st{optimizer_->state_names()[s], {}};
-      for (auto& p : model_->params())
-        st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
-      states.push_back(std::move(st));
-    }
-    const uint64_t bytes = store_->save(m, params, states);
+    const uint64_t bytes = store_->save(m, master_views(*model_), optimizer_views());
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     metrics_.write(JsonLine()
                        .add("type", "checkpoint")

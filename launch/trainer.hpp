@@ -19,6 +19,9 @@
 
 namespace ringtrain::launch {
 
+// The fp32 masters as the checkpoint names them: one view per parameter.
+std::vector<io::NamedTensor> master_views(Model& model);
+
 class Trainer {
  public:
   // Sets everything up; input errors are agreed across ranks (JobExit on every rank).
@@ -47,6 +50,8 @@ class Trainer {
   void save_checkpoint();
   void run_eval();
   void say(const std::string& line) const;  // rank 0, stdout
+  // The optimizer state as the checkpoint names it: one view per state and parameter.
+  std::vector<io::OptimizerState> optimizer_views() const;
 
   TrainConfig cfg_;
   comm::Communicator& comm_;
