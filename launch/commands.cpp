@@ -14,29 +14,32 @@
 #include "launch/trainer.hpp"
 
 namespace ringtrain::launch {
+namespace {
+
+// Parses the options on every rank under agree(); on --help, rank 0 prints the help and
+// the command has nothing more to do (returns false).
+template <typename Config>
+bool parse_agreed(bool (*parse)(const std::vector<std::string>&, Config&, std::string*),
+                  const std::vector<std::string>& args, Config& cfg, comm::Communicator& comm) {
+  std::string help;
+  bool run = true;
+  agree(comm, [&] { run = parse(args, cfg, &help); });
+  if (!run && comm.rank() == 0) std::cout << help;
+  return run;
+}
+
+}  // namespace
 
 int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   TrainConfig cfg;
-  std::string help;
-  bool run = true;
-  agree(comm, [&] { run = parse_train(args, cfg, &help); });
-  if (!run) {
-    if (comm.rank() == 0) std::cout << help;
-    return 0;
-  }
+  if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
   Trainer trainer(cfg, comm);
   return trainer.run();
 }
 
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   EvalConfig cfg;
-  std::string help;
-  bool run = true;
-  agree(comm, [&] { run = parse_eval(args, cfg, &help); });
-  if (!run) {
-    if (comm.rank() == 0) std::cout << help;
-    return 0;
-  }
+  if (!parse_agreed(parse_eval, args, cfg, comm)) return 0;
   std::unique_ptr<Model> model;
   std::unique_ptr<io::Dataset> data;
   std::unique_ptr<kernels::Backend> backend;
@@ -84,13 +87,7 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   });
   rest.erase(rest.begin());
   ConvertConfig cfg;
-  std::string help;
-  bool run = true;
-  agree(comm, [&] { run = parse_convert(rest, cfg, &help); });
-  if (!run) {
-    if (comm.rank() == 0) std::cout << help;
-    return 0;
-  }
+  if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
   agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
     auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out);

@@ -96,7 +96,16 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 }
 
 // MPI counts are int: large buffers go in pieces of at most 1 Gi elements.
-constexpr int64_t kMaxCount = int64_t(1) << 30;
+template <typename F>
+void in_pieces(void* buf, int64_t count, DType dtype, F f) {
+  constexpr int64_t kMaxCount = int64_t(1) << 30;
+  char* p = static_cast<char*>(buf);
+  for (int64_t done = 0; done < count;) {
+    const int n = int(std::min(kMaxCount, count - done));
+    f(p + done * int64_t(dtype_size(dtype)), n);
+    done += n;
+  }
+}
 
 }  // namespace
 
@@ -130,24 +139,14 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
-  char* p = static_cast<char*>(buf);
-  const size_t esize = dtype_size(dtype);
-  for (int64_t done = 0; done < count;) {
-    const int n = int(std::min(kMaxCount, count - done));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, n, mpi_type(dtype), mpi_op(op, dtype),
-                            comm_));
-    done += n;
-  }
+  in_pieces(buf, count, dtype, [&](void* p, int n) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(dtype), mpi_op(op, dtype), comm_));
+  });
 }
 
 void MpiCommunicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
-  char* p = static_cast<char*>(buf);
-  const size_t esize = dtype_size(dtype);
-  for (int64_t done = 0; done < count;) {
-    const int n = int(std::min(kMaxCount, count - done));
-    MPI_CHECK(MPI_Bcast(p + done * esize, n, mpi_type(dtype), root, comm_));
-    done += n;
-  }
+  in_pieces(buf, count, dtype,
+            [&](void* p, int n) { MPI_CHECK(MPI_Bcast(p, n, mpi_type(dtype), root, comm_)); });
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DType dtype) {
