@@ -15,6 +15,7 @@ namespace fs = std::filesystem;
 namespace ringtrain::io {
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
   const std::string what = cat("checkpoint '", path, "'");
   auto format = read_attr_string(f, "format");
@@ -69,12 +70,14 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 }
 
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params) {
+  H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
   for (const auto& p : params)
     read_dataset(f, "params/" + p.name, p.tensor, cat("checkpoint '", path, "'"));
 }
 
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states) {
+  H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
   for (const auto& s : states)
     for (const auto& p : s.per_param)
@@ -105,6 +108,7 @@ herr_t read_all(hid_t loc, const char* name, const H5O_info_t* info, void* ok) {
 }  // namespace
 
 bool validate_checkpoint(const std::string& path, std::string* why) {
+  H5Lock lock;
   try {
     read_checkpoint_meta(path);
     H5Id f = open_file_readonly(path, "checkpoint");
@@ -136,6 +140,7 @@ std::string CheckpointStore::path_for(int64_t step) const {
 
 uint64_t CheckpointStore::save(const CheckpointMeta& m, const std::vector<NamedTensor>& params,
                                const std::vector<OptimizerState>& optimizer) {
+  H5Lock lock;
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
   {
     H5Id f = create_file(tmp);

@@ -1,147 +1,148 @@
-// Dataset file validation, batched hyperslab reads, and the writer used by `convert`.
+// Datasets over shard files: resolution of --data, global reads grouped by shard, the
+// sample cache, and the writer used by `convert` (see dataset.hpp).
 #include "io/dataset.hpp"
+
+#include <glob.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <numeric>
+
+namespace fs = std::filesystem;
 
 namespace ringtrain::io {
 
-Dataset::Dataset(const std::string& path) {
-  info_.path = path;
-  file_ = open_file_readonly(path, "dataset");
-  const std::string what = cat("dataset '", path, "'");
-  auto format = read_attr_string(file_, "format");
-  RT_REQUIRE(format && *format == kDatasetFormat, what,
-             " is not a ringtrain dataset: root attribute "
-             "'format' is ",
-             format ? "'" + *format + "'" : std::string("missing"), "; expected '", kDatasetFormat,
-             "' (create one with `ringtrain convert idx`)");
-  auto version = read_attr_int(file_, "format_version");
-  RT_REQUIRE(version && *version == kDatasetVersion, what, " has format_version ",
-             version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
-             kDatasetVersion);
-  auto classes = read_attr_int(file_, "num_classes");
-  RT_REQUIRE(classes && *classes >= 2, what, " needs an integer attribute num_classes >= 2");
-  info_.num_classes = *classes;
-
-  RT_REQUIRE(has_link(file_, "images") && has_link(file_, "labels"), what,
-             " must hold datasets /images and /labels");
-  // No chunk cache for the images: with uncompressed chunks HDF5 then reads just the
-  // selected rows instead of staging a whole ~1 MiB chunk for every sample.
-  H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
-  H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
-  images_ = H5Id(H5_CHECK(H5Dopen2(file_, "images", dapl)));
-  labels_ = open_dataset(file_, "labels");
-  Shape ishape = dataset_shape(images_), lshape = dataset_shape(labels_);
-  auto itype = dataset_dtype(images_), ltype = dataset_dtype(labels_);
-  RT_REQUIRE(itype && (*itype == DType::u8 || *itype == DType::f32), what,
-             ": /images must be uint8 or float32");
-  RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
-             ": /labels must be int32 or int64");
-  RT_REQUIRE(ishape.size() == 2 || ishape.size() == 4, what, ": /images has shape ",
-             shape_str(ishape), "; expected [N, C, H, W] or [N, D]");
-  RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
-             shape_str(lshape), "; expected [", ishape[0], "] to match /images");
-  RT_REQUIRE(ishape[0] > 0, what, " holds no samples");
-  info_.image_dtype = *itype;
-  info_.label_dtype = *ltype;
-  info_.num_samples = ishape[0];
-  info_.sample_shape.assign(ishape.begin() + 1, ishape.end());
-  auto mean = read_attr_double(file_, "mean"), std = read_attr_double(file_, "std");
-  if (mean && std && *std > 0) {
-    info_.has_norm = true;
-    info_.mean = *mean;
-    info_.std = *std;
+std::vector<std::string> resolve_dataset_files(const std::string& spec) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (fs::is_directory(spec, ec)) {
+    for (const auto& e : fs::directory_iterator(spec, ec))
+      if (e.is_regular_file() && e.path().extension() == ".h5") files.push_back(e.path().string());
+    RT_REQUIRE(!files.empty(), "dataset directory '", spec, "' holds no .h5 files");
+  } else if (spec.find_first_of("*?[") != std::string::npos && !fs::exists(spec, ec)) {
+    glob_t g{};
+    const int rc = glob(spec.c_str(), 0, nullptr, &g);
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
+    globfree(&g);
+    RT_REQUIRE(!files.empty(), "dataset pattern '", spec, "' matches no file");
+  } else {
+    files.push_back(spec);  // ShardFile names it if it does not exist
   }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Dataset::Dataset(const std::string& spec) {
+  info_.path = spec;
+  for (const auto& f : resolve_dataset_files(spec)) {
+    shards_.push_back(std::make_unique<ShardFile>(f));
+    const ShardInfo& s = shards_.back()->info();
+    const ShardInfo& first = shards_.front()->info();
+    RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
+                   s.num_classes == first.num_classes,
+               "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
+               dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
+               shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
+               dtype_name(first.image_dtype), " in ", first.num_classes,
+               " classes; all shards of a dataset must share one schema");
+    offsets_.push_back(info_.num_samples);
+    info_.num_samples += s.num_samples;
+  }
+  offsets_.push_back(info_.num_samples);
+  const ShardInfo& first = shards_.front()->info();
+  info_.num_shards = int64_t(shards_.size());
+  info_.sample_shape = first.sample_shape;
+  info_.image_dtype = first.image_dtype;
+  info_.num_classes = first.num_classes;
+  info_.has_norm = first.has_norm;
+  info_.mean = first.mean;
+  info_.std = first.std;
+  sample_bytes_ = shards_.front()->sample_bytes();
+}
+
+Dataset::~Dataset() = default;
+
+void Dataset::enable_cache() {
+  if (cache_) return;
+  // new[] without () leaves the pages untouched: memory is used as samples arrive.
+  cache_.reset(new uint8_t[size_t(info_.num_samples * sample_bytes_)]);
+  cache_labels_.assign(size_t(info_.num_samples), 0);
+  cached_.assign(size_t(info_.num_samples), false);
 }
 
 void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double mean, double std) {
   if (n == 0) return;
-  // Sort the requested positions, keep each one's destination, and select the distinct
-  // indices as runs of consecutive rows.
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
-  std::vector<int64_t> uniq;
-  std::vector<int64_t> slot(static_cast<size_t>(n));  // order position -> row in the read buffer
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = idx[order[i]];
-    RT_CHECK(g >= 0 && g < info_.num_samples, "sample index ", g, " outside [0, ",
+  for (int64_t i = 0; i < n; ++i)
+    RT_CHECK(idx[i] >= 0 && idx[i] < info_.num_samples, "sample index ", idx[i], " outside [0, ",
              info_.num_samples, ") in ", info_.path);
-    if (uniq.empty() || uniq.back() != g) uniq.push_back(g);
-    slot[order[i]] = int64_t(uniq.size()) - 1;
+  // The distinct indices not in the cache, sorted: runs of rows per shard.
+  std::vector<int64_t> need;
+  need.reserve(size_t(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!cache_ || !cached_[size_t(idx[i])]) need.push_back(idx[i]);
+  std::sort(need.begin(), need.end());
+  need.erase(std::unique(need.begin(), need.end()), need.end());
+  const int64_t m = int64_t(need.size());
+  raw_.resize(size_t(m * sample_bytes_));
+  labels_.resize(size_t(m));
+  std::vector<int64_t> rows;
+  for (int64_t lo = 0; lo < m;) {
+    const size_t s =
+        size_t(std::upper_bound(offsets_.begin(), offsets_.end(), need[lo]) - offsets_.begin() - 1);
+    int64_t hi = lo;
+    rows.clear();
+    while (hi < m && need[hi] < offsets_[s + 1]) rows.push_back(need[hi++] - offsets_[s]);
+    shards_[s]->read_rows(rows.data(), hi - lo, raw_.data() + lo * sample_bytes_,
+                          labels_.data() + lo);
+    lo = hi;
   }
-  const int64_t m = int64_t(uniq.size());
-  const int64_t per = sample_numel();
-  const size_t esize = dtype_size(info_.image_dtype);
-
-  auto select_runs = [&](hid_t space) {
-    const int rank = H5_CHECK(H5Sget_simple_extent_ndims(space));
-    std::vector<hsize_t> start(static_cast<size_t>(rank), 0);
-    std::vector<hsize_t> count(static_cast<size_t>(rank));
-    H5_CHECK(H5Sget_simple_extent_dims(space, count.data(), nullptr));
-    H5_CHECK(H5Sselect_none(space));
-    for (int64_t i = 0; i < m;) {
-      int64_t j = i + 1;
-      while (j < m && uniq[j] == uniq[j - 1] + 1) ++j;
-      start[0] = hsize_t(uniq[i]);
-      count[0] = hsize_t(j - i);
-      H5_CHECK(
-          H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
-      i = j;
+  if (cache_) {
+    for (int64_t j = 0; j < m; ++j) {
+      const size_t g = size_t(need[j]);
+      std::memcpy(cache_.get() + g * size_t(sample_bytes_), raw_.data() + j * sample_bytes_,
+                  size_t(sample_bytes_));
+      cache_labels_[g] = labels_[size_t(j)];
+      cached_[g] = true;
     }
-  };
-
-  raw_.resize(size_t(m * per) * esize);
-  raw_labels_.resize(size_t(m));
-  {
-    H5Id fspace(H5_CHECK(H5Dget_space(images_)));
-    select_runs(fspace);
-    hsize_t mdims = hsize_t(m * per);
-    H5Id mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr)));
-    H5_CHECK(
-        H5Dread(images_, h5_type(info_.image_dtype), mspace, fspace, H5P_DEFAULT, raw_.data()));
-  }
-  {
-    H5Id fspace(H5_CHECK(H5Dget_space(labels_)));
-    select_runs(fspace);
-    hsize_t mdims = hsize_t(m);
-    H5Id mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr)));
-    H5_CHECK(H5Dread(labels_, H5T_NATIVE_INT64, mspace, fspace, H5P_DEFAULT, raw_labels_.data()));
+    cached_count_ += m;
   }
 
+  const int64_t per = sample_numel();
   const float scale = float(1.0 / std), shift = float(-mean / std);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = slot[i];
+    const uint8_t* src;
+    int64_t label;
+    if (cache_) {
+      src = cache_.get() + idx[i] * sample_bytes_;
+      label = cache_labels_[size_t(idx[i])];
+    } else {
+      const int64_t j = std::lower_bound(need.begin(), need.end(), idx[i]) - need.begin();
+      src = raw_.data() + j * sample_bytes_;
+      label = labels_[size_t(j)];
+    }
     float* dst = x + i * per;
     if (info_.image_dtype == DType::u8) {
-      const uint8_t* src = raw_.data() + row * per;
       const float s = scale / 255.f;
       for (int64_t k = 0; k < per; ++k) dst[k] = float(src[k]) * s + shift;
     } else {
-      const float* src = reinterpret_cast<const float*>(raw_.data()) + row * per;
-      for (int64_t k = 0; k < per; ++k) dst[k] = src[k] * scale + shift;
+      const float* f = reinterpret_cast<const float*>(src);
+      for (int64_t k = 0; k < per; ++k) dst[k] = f[k] * scale + shift;
     }
-    const int64_t label = raw_labels_[size_t(row)];
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);
   }
 }
 
-void write_dataset_file(const std::string& path, const uint8_t* images, const Shape& shape,
-                        const int32_t* labels, int64_t num_classes) {
-  const int64_t n = shape.at(0), per = shape_numel(shape) / n;
-  double sum = 0, sq = 0;
-  for (int64_t i = 0; i < n * per; ++i) {
-    const double v = images[i] / 255.0;
-    sum += v;
-    sq += v * v;
-  }
-  const double mean = sum / double(n * per);
-  const double std = std::sqrt(std::max(0.0, sq / double(n * per) - mean * mean));
+namespace {
 
+void write_one(const std::string& path, const uint8_t* images, const Shape& shape,
+               const int32_t* labels, int64_t num_classes, double mean, double std) {
+  H5Lock lock;
+  const int64_t n = shape.at(0), per = shape_numel(shape) / n;
   H5Id file = create_file(path);
   write_attr(file, "format", std::string(kDatasetFormat));
   write_attr(file, "format_version", kDatasetVersion);
@@ -159,6 +160,41 @@ void write_dataset_file(const std::string& path, const uint8_t* images, const Sh
       H5Dcreate2(file, "images", H5T_NATIVE_UINT8, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   H5_CHECK(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images));
   write_dataset(file, "labels", Tensor(const_cast<int32_t*>(labels), {n}, DType::i32), 1 << 18);
+}
+
+}  // namespace
+
+std::vector<std::string> write_dataset_files(const std::string& path, const uint8_t* images,
+                                             const Shape& shape, const int32_t* labels,
+                                             int64_t num_classes, int shards) {
+  const int64_t n = shape.at(0), per = shape_numel(shape) / n;
+  RT_REQUIRE(shards >= 1 && shards <= n, "--shards ", shards, " is not valid for ", n,
+             " samples; expected 1 to ", n);
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < n * per; ++i) {
+    const double v = images[i] / 255.0;
+    sum += v;
+    sq += v * v;
+  }
+  const double mean = sum / double(n * per);
+  const double std = std::sqrt(std::max(0.0, sq / double(n * per) - mean * mean));
+  if (shards == 1) {
+    write_one(path, images, shape, labels, num_classes, mean, std);
+    return {path};
+  }
+  std::string stem = path;
+  if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".h5") == 0) stem.resize(stem.size() - 3);
+  std::vector<std::string> out;
+  for (int s = 0; s < shards; ++s) {
+    const int64_t lo = n * s / shards, hi = n * (s + 1) / shards;
+    char suffix[40];
+    std::snprintf(suffix, sizeof suffix, "-%05d-of-%05d.h5", s, shards);
+    Shape part = shape;
+    part[0] = hi - lo;
+    out.push_back(stem + suffix);
+    write_one(out.back(), images + lo * per, part, labels + lo, num_classes, mean, std);
+  }
+  return out;
 }
 
 }  // namespace ringtrain::io

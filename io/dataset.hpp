@@ -1,55 +1,72 @@
-// The ringtrain dataset format, version 1 (docs/formats.md): one HDF5 file with /images
-// [N, C, H, W] or [N, D] (uint8 or float32, chunked along N) and /labels [N] (int32/int64).
-// Dataset opens and validates a file and reads any set of samples by hyperslab, so a rank
-// reads only the samples it trains on.
+// The training data as ringtrain sees it: one dataset (format v1, docs/formats.md) made
+// of one or more shard files with the same schema, named by a file, a directory (its *.h5
+// files) or a glob. The global sample index runs through the shards in name order. Reads
+// of any set of global indices go to each shard as one sorted, coalesced hyperslab read,
+// so a rank reads only the samples it trains on; --cache keeps what was read in memory.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor.hpp"
-#include "io/hdf5.hpp"
+#include "io/shard.hpp"
 
 namespace ringtrain::io {
 
-inline constexpr const char* kDatasetFormat = "ringtrain-dataset";
-inline constexpr int64_t kDatasetVersion = 1;
-
 struct DatasetInfo {
-  std::string path;
+  std::string path;  // as given: file, directory or glob
   int64_t num_samples = 0;
+  int64_t num_shards = 0;
   Shape sample_shape;  // [C, H, W] or [D]
   DType image_dtype = DType::u8;
-  DType label_dtype = DType::i32;
   int64_t num_classes = 0;
   bool has_norm = false;     // mean/std attributes present
   double mean = 0, std = 1;  // of the pixel values after uint8 scaling to [0, 1]
 };
 
+// The shard files a --data value names, in name order (input error when none).
+std::vector<std::string> resolve_dataset_files(const std::string& spec);
+
 class Dataset {
  public:
-  // Opens and validates; any problem is an input error naming the file and what was expected.
-  explicit Dataset(const std::string& path);
+  // Opens and validates every shard; they must agree on sample shape, dtype and classes.
+  explicit Dataset(const std::string& spec);
+  ~Dataset();
   const DatasetInfo& info() const { return info_; }
   int64_t sample_numel() const { return shape_numel(info_.sample_shape); }
 
+  // Keeps every sample read from then on in memory (raw bytes; at most the whole dataset),
+  // so that later epochs read each sample from the files at most once.
+  void enable_cache();
+  int64_t cached_samples() const { return cached_count_; }
+
   // Reads the samples at global indices idx[0..n) (any order, repeats allowed) into
-  // x [n, sample] as float32, (v/255 for uint8 images) then (v - mean) / std, and y [n] as
-  // int32. Indices are sorted and coalesced into runs of one hyperslab selection, so a batch
-  // costs one read call per dataset.
+  // x [n, sample] as float32 (v/255 for uint8 images, then (v - mean) / std) and y [n] as
+  // int32. Not for concurrent calls on one Dataset.
   void read(const int64_t* idx, int64_t n, float* x, int32_t* y, double mean, double std);
 
  private:
   DatasetInfo info_;
-  H5Id file_, images_, labels_;
-  std::vector<uint8_t> raw_;  // the raw image bytes of the last read, sorted order
-  std::vector<int64_t> raw_labels_;
+  std::vector<std::unique_ptr<ShardFile>> shards_;
+  std::vector<int64_t> offsets_;  // first global index of each shard, plus N at the end
+  int64_t sample_bytes_ = 0;
+  std::vector<uint8_t> raw_;  // raw images of the samples being read
+  std::vector<int64_t> labels_;
+  // The cache: raw bytes and label per global index, and whether each is present.
+  std::unique_ptr<uint8_t[]> cache_;
+  std::vector<int64_t> cache_labels_;
+  std::vector<bool> cached_;
+  int64_t cached_count_ = 0;
 };
 
-// Writes a dataset file (format v1) from uint8 images [N, ...] and labels; computes and
-// stores the mean/std attributes. Rows are chunked ~1 MiB per chunk along N.
-void write_dataset_file(const std::string& path, const uint8_t* images, const Shape& shape,
-                        const int32_t* labels, int64_t num_classes);
+// Writes a dataset (format v1) from uint8 images [N, ...] and labels, as one file or as
+// `shards` files NAME-00000-of-0000S.h5 (NAME = path without .h5) of contiguous samples.
+// The mean/std attributes, computed over all samples, are the same in every shard.
+// Returns the files written.
+std::vector<std::string> write_dataset_files(const std::string& path, const uint8_t* images,
+                                             const Shape& shape, const int32_t* labels,
+                                             int64_t num_classes, int shards = 1);
 
 }  // namespace ringtrain::io

@@ -24,10 +24,16 @@ std::string h5_error_stack() {
   return out.empty() ? "no HDF5 error message" : out;
 }
 
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 void H5Id::reset() {
   if (id_ < 0) return;
+  H5Lock lock;
   switch (H5Iget_type(id_)) {
     case H5I_FILE:
       H5Fclose(id_);

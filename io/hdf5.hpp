@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,14 @@
 namespace ringtrain::io {
 
 std::string h5_error_stack();  // the innermost messages of HDF5's current error stack
+
+// Debian's parallel HDF5 is not built thread-safe: every io entry point that calls HDF5
+// holds this (recursive) lock, so the loader's prefetch thread and the main thread's
+// checkpoints never run HDF5 code at the same time.
+std::recursive_mutex& hdf5_mutex();
+struct H5Lock {
+  std::lock_guard<std::recursive_mutex> guard{hdf5_mutex()};
+};
 
 #define H5_CHECK(stmt)                                                             \
   ([&] {                                                                           \

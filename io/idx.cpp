@@ -49,7 +49,7 @@ IdxArray read_idx(const std::string& path) {
 }
 
 ConvertResult convert_idx(const std::string& images, const std::string& labels,
-                          const std::string& out) {
+                          const std::string& out, int shards) {
   IdxArray im = read_idx(images);
   IdxArray lb = read_idx(labels);
   RT_REQUIRE(im.shape.size() == 3 || im.shape.size() == 2, "--images '", images, "' has shape ",
@@ -63,8 +63,8 @@ ConvertResult convert_idx(const std::string& images, const std::string& labels,
   std::vector<int32_t> y(lb.data.begin(), lb.data.end());
   const int64_t classes = *std::max_element(y.begin(), y.end()) + 1;
   RT_REQUIRE(classes >= 2, "--labels '", labels, "' holds fewer than 2 classes");
-  write_dataset_file(out, im.data.data(), shape, y.data(), classes);
-  return {shape[0], classes, Shape(shape.begin() + 1, shape.end())};
+  auto files = write_dataset_files(out, im.data.data(), shape, y.data(), classes, shards);
+  return {shape[0], classes, Shape(shape.begin() + 1, shape.end()), files};
 }
 
 }  // namespace ringtrain::io

@@ -22,9 +22,11 @@ struct ConvertResult {
   int64_t samples = 0;
   int64_t num_classes = 0;
   Shape sample_shape;
+  std::vector<std::string> files;  // written, in order
 };
-// Images [N, H, W] become /images [N, 1, H, W]; labels must match N.
+// Images [N, H, W] become /images [N, 1, H, W]; labels must match N. With shards > 1 the
+// samples go, in order, to files OUT-00000-of-0000S.h5 (OUT without its .h5).
 ConvertResult convert_idx(const std::string& images, const std::string& labels,
-                          const std::string& out);
+                          const std::string& out, int shards = 1);
 
 }  // namespace ringtrain::io

@@ -1,6 +1,7 @@
-// Epoch permutations and per-rank batch slices (see loader.hpp).
+// Epoch permutations, per-rank batch slices and the prefetch thread (see loader.hpp).
 #include "io/loader.hpp"
 
+#include <chrono>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -17,45 +18,127 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) 
 }
 
 Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
-               double std)
-    : data_(data), seed_(seed), global_batch_(global_batch), rank_(rank), mean_(mean), std_(std) {
+               double std, int prefetch)
+    : data_(data),
+      seed_(seed),
+      global_batch_(global_batch),
+      rank_(rank),
+      mean_(mean),
+      std_(std),
+      prefetch_(prefetch) {
   RT_REQUIRE(global_batch > 0, "the global batch size must be positive, got ", global_batch);
   RT_REQUIRE(global_batch % world == 0, "global batch size ", global_batch, " does not divide by ",
              world, " ranks; use a multiple of ", world, " (or set --batch-size per rank)");
   RT_REQUIRE(global_batch <= data.info().num_samples, "global batch size ", global_batch,
              " is larger than dataset '", data.info().path, "' (", data.info().num_samples,
              " samples)");
+  RT_REQUIRE(prefetch >= 0, "--prefetch ", prefetch, " is negative");
   local_batch_ = global_batch / world;
+  slots_.resize(size_t(prefetch) + 1);
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Loader::seek(int64_t epoch, int64_t position) {
+  RT_CHECK(!started_, "seek after the loader started");
   RT_REQUIRE(epoch >= 0 && position >= 0 && position <= data_.info().num_samples,
              "data position (epoch ", epoch, ", sample ", position, ") does not fit dataset '",
              data_.info().path, "' of ", data_.info().num_samples, " samples");
-  epoch_ = epoch;
-  position_ = position;
+  epoch_ = next_epoch_ = epoch;
+  position_ = next_position_ = position;
 }
 
-const Batch& Loader::next() {
-  const int64_t n = data_.info().num_samples;
-  if (position_ + global_batch_ > n) {  // drop the partial last batch
-    ++epoch_;
-    position_ = 0;
+void Loader::advance(int64_t& epoch, int64_t& position) const {
+  if (position + global_batch_ > data_.info().num_samples) {  // drop the partial last batch
+    ++epoch;
+    position = 0;
   }
-  if (perm_epoch_ != epoch_) {
-    perm_ = epoch_permutation(seed_, epoch_, n);
-    perm_epoch_ = epoch_;
+}
+
+void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
+  const int64_t n = data_.info().num_samples;
+  if (perm_epoch_ != epoch) {
+    perm_ = epoch_permutation(seed_, epoch, n);
+    perm_epoch_ = epoch;
   }
   Shape xs = {local_batch_};
   xs.insert(xs.end(), data_.info().sample_shape.begin(), data_.info().sample_shape.end());
-  batch_.x = x_.ensure(xs, DType::f32);
-  batch_.y = y_.ensure({local_batch_}, DType::i32);
-  batch_.epoch = epoch_;
-  batch_.position = position_;
-  const int64_t* idx = perm_.data() + position_ + int64_t(rank_) * local_batch_;
-  data_.read(idx, local_batch_, batch_.x.as<float>(), batch_.y.as<int32_t>(), mean_, std_);
-  position_ += global_batch_;
-  return batch_;
+  slot.batch.x = slot.x.ensure(xs, DType::f32);
+  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32);
+  slot.batch.epoch = epoch;
+  slot.batch.position = position;
+  const int64_t* idx = perm_.data() + position + int64_t(rank_) * local_batch_;
+  data_.read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), mean_, std_);
+}
+
+void Loader::produce() {
+  size_t tail = head_;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // A slot is free when it is neither ready nor held by the consumer.
+      const size_t held = (head_ + slots_.size() - 1) % slots_.size();
+      cv_.wait(lock, [&] { return stop_ || (!slots_[tail].ready && !(holding_ && tail == held)); });
+      if (stop_) return;
+    }
+    Slot& slot = slots_[tail];
+    advance(next_epoch_, next_position_);
+    try {
+      fill(slot, next_epoch_, next_position_);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    next_position_ += global_batch_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot.ready = true;
+    }
+    cv_.notify_all();
+    if (slot.error) return;
+    tail = (tail + 1) % slots_.size();
+  }
+}
+
+const Batch& Loader::next() {
+  started_ = true;
+  if (prefetch_ == 0) {  // synchronous: read now into the one slot
+    const auto t0 = std::chrono::steady_clock::now();
+    advance(next_epoch_, next_position_);
+    fill(slots_[0], next_epoch_, next_position_);
+    last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    next_position_ += global_batch_;
+    epoch_ = next_epoch_;
+    position_ = next_position_;
+    return slots_[0].batch;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { produce(); });
+  const auto t0 = std::chrono::steady_clock::now();
+  Slot* slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (holding_) {  // the previous batch is done with: its slot may be refilled
+      slots_[(head_ + slots_.size() - 1) % slots_.size()].ready = false;
+      holding_ = false;
+      cv_.notify_all();
+    }
+    slot = &slots_[head_];
+    cv_.wait(lock, [&] { return slot->ready; });
+    head_ = (head_ + 1) % slots_.size();
+    holding_ = true;
+  }
+  cv_.notify_all();
+  last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (slot->error) std::rethrow_exception(slot->error);
+  epoch_ = slot->batch.epoch;
+  position_ = slot->batch.position + global_batch_;
+  return slot->batch;
 }
 
 }  // namespace ringtrain::io

@@ -1,10 +1,16 @@
 // Loader: the data order of design.md. Epoch e visits perm(seed, e) of all N samples;
 // global batch k is positions [k*G, (k+1)*G); rank r of W takes the r-th of W equal
 // contiguous slices. So the samples a step trains on do not depend on W.
-// The position (epoch, next permutation position) is what a checkpoint stores.
+// With prefetch > 0 a background thread reads that many batches ahead into reusable
+// buffers; the consumer-side position (epoch, next permutation position) is what a
+// checkpoint stores.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -25,28 +31,55 @@ class Loader {
  public:
   // Input error when the global batch does not divide by `world` or exceeds the dataset.
   Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
-         double std);
+         double std, int prefetch = 0);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
   int64_t steps_per_epoch() const { return data_.info().num_samples / global_batch_; }
   int64_t local_batch() const { return local_batch_; }
+  // Where the next batch handed out starts (a checkpoint records this).
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }
   // Continue from a position a checkpoint recorded (input error when it does not fit).
+  // Only before the first next().
   void seek(int64_t epoch, int64_t position);
   // This rank's slice of the next global batch; a partial last batch of an epoch is
-  // dropped and the next epoch begins.
+  // dropped and the next epoch begins. Valid until the next call.
   const Batch& next();
+  // Seconds the last next() waited for data (0 when the prefetch kept up).
+  double last_wait_seconds() const { return last_wait_; }
 
  private:
+  struct Slot {
+    OwnedTensor x, y;
+    Batch batch;
+    bool ready = false;
+    std::exception_ptr error;
+  };
+  void advance(int64_t& epoch, int64_t& position) const;  // to the start of a full batch
+  void fill(Slot& slot, int64_t epoch, int64_t position);
+  void produce();  // the prefetch thread
+
   Dataset& data_;
   uint64_t seed_;
   int64_t global_batch_, local_batch_;
   int rank_;
   double mean_, std_;
-  int64_t epoch_ = 0, position_ = 0;
+  int prefetch_;
+  int64_t epoch_ = 0, position_ = 0;            // consumer side
+  int64_t next_epoch_ = 0, next_position_ = 0;  // producer side
   int64_t perm_epoch_ = -1;
   std::vector<int64_t> perm_;
-  OwnedTensor x_, y_;
-  Batch batch_;
+  std::vector<Slot> slots_;
+  size_t head_ = 0;       // the slot next() hands out next
+  bool holding_ = false;  // the consumer holds the slot before head_
+  bool started_ = false;
+  double last_wait_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
 };
 
 }  // namespace ringtrain::io

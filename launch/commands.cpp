@@ -90,8 +90,11 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
   agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
-    auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out);
-    std::printf("wrote %s: %lld samples of %s, %lld classes\n", cfg.out.c_str(),
+    auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out, cfg.shards);
+    const std::string where = r.files.size() == 1 ? r.files[0]
+                                                  : cat(r.files.front(), " ... ", r.files.back(),
+                                                        " (", r.files.size(), " shards)");
+    std::printf("wrote %s: %lld samples of %s, %lld classes\n", where.c_str(),
                 static_cast<long long>(r.samples), shape_str(r.sample_shape).c_str(),
                 static_cast<long long>(r.num_classes));
   });

@@ -14,6 +14,8 @@ namespace ringtrain::launch {
 
 struct TrainConfig {
   std::string data, val_data;
+  int prefetch = 2;    // batches the loader thread reads ahead (0: read in the step)
+  bool cache = false;  // keep the samples read in memory
   std::string model = "mlp";
   std::vector<int64_t> hidden = {512, 256};
   DType precision = DType::f32;
@@ -45,6 +47,7 @@ struct EvalConfig {
 
 struct ConvertConfig {
   std::string images, labels, out;
+  int shards = 1;
 };
 
 }  // namespace ringtrain::launch

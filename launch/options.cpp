@@ -77,58 +77,48 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   std::string optimizer = "adamw";
   int64_t seed = int64_t(c.seed);
   po::options_description desc("train options");
-  desc.add_options()("help,h", "this help")(
-      "config", po::value<std::string>(),
-      "INI file of options (key = value); the command line wins")(
-      "data", po::value(&c.data)->required(),
-      "training dataset (HDF5 file from `ringtrain convert`)")(
-      "val-data", po::value(&c.val_data),
-      "validation dataset, evaluated after each epoch and at the end")(
-      "model", po::value(&c.model)->default_value("mlp"), "model: mlp")(
-      "hidden", po::value(&hidden)->default_value("512,256"), "mlp hidden layer widths")(
-      "precision", po::value(&precision)->default_value("fp32"),
-      "fp32 | fp16 | bf16 (mixed: fp32 masters)")("batch-size", po::value<int64_t>(),
-                                                  "samples per rank per step (default 64)")(
-      "global-batch-size", po::value<int64_t>(), "samples per step over all ranks")(
-      "epochs", po::value<int64_t>(), "epochs to train (default 1)")(
-      "steps", po::value<int64_t>(), "optimizer steps to train (instead of --epochs)")(
-      "optimizer", po::value(&optimizer)->default_value("adamw"), "sgd | adamw")(
-      "lr", po::value(&c.optimizer.lr)->default_value(1e-3f), "learning rate")(
-      "momentum", po::value(&c.optimizer.momentum)->default_value(0.9f), "sgd momentum")(
-      "nesterov", po::bool_switch(&c.optimizer.nesterov), "sgd: Nesterov momentum")(
-      "weight-decay", po::value(&c.optimizer.weight_decay)->default_value(0.f),
-      "decoupled (adamw) or L2 (sgd) weight decay")(
-      "beta1", po::value(&c.optimizer.beta1)->default_value(0.9f), "adamw beta1")(
-      "beta2", po::value(&c.optimizer.beta2)->default_value(0.999f), "adamw beta2")(
-      "eps", po::value(&c.optimizer.eps)->default_value(1e-8f), "adamw epsilon")(
-      "grad-clip", po::value(&c.grad_clip)->default_value(0.f),
-      "clip the global gradient norm to this (0: off)")(
-      "loss-scale", po::value(&loss_scale)->default_value("dynamic"), "dynamic | a constant scale")(
-      "init-scale", po::value(&c.loss_scale.init_scale)->default_value(65536.f),
-      "initial dynamic loss scale")("scale-growth-interval",
-                                    po::value(&c.loss_scale.growth_interval)->default_value(2000),
-                                    "finite steps before the scale grows")(
-      "scale-growth-factor", po::value(&c.loss_scale.growth_factor)->default_value(2.f),
-      "growth factor")("scale-backoff-factor",
-                       po::value(&c.loss_scale.backoff_factor)->default_value(0.5f),
-                       "backoff factor on overflow")(
-      "min-scale", po::value(&c.loss_scale.min_scale)->default_value(1.f),
-      "floor of the dynamic scale")("checkpoint-dir", po::value(&c.checkpoint_dir),
-                                    "directory for checkpoints (none: no checkpoints)")(
-      "checkpoint-every", po::value(&c.checkpoint_every)->default_value(0),
-      "also save every N steps (0: only at the end)")(
-      "checkpoint-secs", po::value(&c.checkpoint_secs)->default_value(0),
-      "also save every S seconds (0: off)")("keep", po::value(&c.keep)->default_value(3),
-                                            "checkpoints to keep")(
-      "resume", po::value(&c.resume)->default_value("auto"), "auto | never | FILE")(
-      "seed", po::value(&seed)->default_value(42), "seed of init and data order")(
-      "device", po::value(&c.device)->default_value("cpu"), "cpu")(
-      "threads", po::value(&c.threads)->default_value(0),
-      "threads per rank (0: cores / ranks on the node)")(
-      "comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi")(
-      "log-every", po::value(&c.log_every)->default_value(50),
-      "progress line and metrics every N steps")("metrics", po::value(&c.metrics),
-                                                 "JSON-lines metrics file (rank 0)");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "this help")
+      ("config", po::value<std::string>(), "INI file of options (key = value); the command line wins")
+      ("data", po::value(&c.data)->required(), "training dataset (HDF5 file from `ringtrain convert`)")
+      ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
+      ("prefetch", po::value(&c.prefetch)->default_value(2), "batches read ahead by the loader thread (0: none)")
+      ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
+      ("model", po::value(&c.model)->default_value("mlp"), "model: mlp")
+      ("hidden", po::value(&hidden)->default_value("512,256"), "mlp hidden layer widths")
+      ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 (mixed: fp32 masters)")
+      ("batch-size", po::value<int64_t>(), "samples per rank per step (default 64)")
+      ("global-batch-size", po::value<int64_t>(), "samples per step over all ranks")
+      ("epochs", po::value<int64_t>(), "epochs to train (default 1)")
+      ("steps", po::value<int64_t>(), "optimizer steps to train (instead of --epochs)")
+      ("optimizer", po::value(&optimizer)->default_value("adamw"), "sgd | adamw")
+      ("lr", po::value(&c.optimizer.lr)->default_value(1e-3f), "learning rate")
+      ("momentum", po::value(&c.optimizer.momentum)->default_value(0.9f), "sgd momentum")
+      ("nesterov", po::bool_switch(&c.optimizer.nesterov), "sgd: Nesterov momentum")
+      ("weight-decay", po::value(&c.optimizer.weight_decay)->default_value(0.f), "decoupled (adamw) or L2 (sgd) weight decay")
+      ("beta1", po::value(&c.optimizer.beta1)->default_value(0.9f), "adamw beta1")
+      ("beta2", po::value(&c.optimizer.beta2)->default_value(0.999f), "adamw beta2")
+      ("eps", po::value(&c.optimizer.eps)->default_value(1e-8f), "adamw epsilon")
+      ("grad-clip", po::value(&c.grad_clip)->default_value(0.f), "clip the global gradient norm to this (0: off)")
+      ("loss-scale", po::value(&loss_scale)->default_value("dynamic"), "dynamic | a constant scale")
+      ("init-scale", po::value(&c.loss_scale.init_scale)->default_value(65536.f), "initial dynamic loss scale")
+      ("scale-growth-interval", po::value(&c.loss_scale.growth_interval)->default_value(2000), "finite steps before the scale grows")
+      ("scale-growth-factor", po::value(&c.loss_scale.growth_factor)->default_value(2.f), "growth factor")
+      ("scale-backoff-factor", po::value(&c.loss_scale.backoff_factor)->default_value(0.5f), "backoff factor on overflow")
+      ("min-scale", po::value(&c.loss_scale.min_scale)->default_value(1.f), "floor of the dynamic scale")
+      ("checkpoint-dir", po::value(&c.checkpoint_dir), "directory for checkpoints (none: no checkpoints)")
+      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "also save every N steps (0: only at the end)")
+      ("checkpoint-secs", po::value(&c.checkpoint_secs)->default_value(0), "also save every S seconds (0: off)")
+      ("keep", po::value(&c.keep)->default_value(3), "checkpoints to keep")
+      ("resume", po::value(&c.resume)->default_value("auto"), "auto | never | FILE")
+      ("seed", po::value(&seed)->default_value(42), "seed of init and data order")
+      ("device", po::value(&c.device)->default_value("cpu"), "cpu")
+      ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: cores / ranks on the node)")
+      ("comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi")
+      ("log-every", po::value(&c.log_every)->default_value(50), "progress line and metrics every N steps")
+      ("metrics", po::value(&c.metrics), "JSON-lines metrics file (rank 0)");
+  // clang-format on
   po::variables_map vm;
   if (!parse("train", desc, args, vm, help)) return false;
 
@@ -172,6 +162,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.log_every > 0, "--log-every ", c.log_every,
              " is not valid; expected a positive number");
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is negative");
+  RT_REQUIRE(c.prefetch >= 0 && c.prefetch <= 64, "--prefetch ", c.prefetch,
+             " is not valid; expected 0 to 64 batches");
   RT_REQUIRE(c.device == "cpu", "--device '", c.device,
              "' is not available: this build has only "
              "the cpu backend (the CUDA backend is not built); expected cpu");
@@ -188,16 +180,17 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
 bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string* help) {
   std::string precision = "fp32";
   po::options_description desc("eval options");
-  desc.add_options()("help,h", "this help")("config", po::value<std::string>(),
-                                            "INI file of options")(
-      "checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")(
-      "data", po::value(&c.data)->required(), "dataset to evaluate on")(
-      "batch-size", po::value<int64_t>(&c.batch_size)->default_value(256),
-      "samples per rank per forward pass")(
-      "precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 compute")(
-      "threads", po::value(&c.threads)->default_value(0),
-      "threads per rank (0: cores / ranks on the node)")(
-      "metrics", po::value(&c.metrics), "append an eval record to this JSON-lines file");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "this help")
+      ("config", po::value<std::string>(), "INI file of options")
+      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
+      ("data", po::value(&c.data)->required(), "dataset to evaluate on")
+      ("batch-size", po::value<int64_t>(&c.batch_size)->default_value(256), "samples per rank per forward pass")
+      ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 compute")
+      ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: cores / ranks on the node)")
+      ("metrics", po::value(&c.metrics), "append an eval record to this JSON-lines file");
+  // clang-format on
   po::variables_map vm;
   if (!parse("eval", desc, args, vm, help)) return false;
   c.precision = parse_float_dtype(precision, "--precision");
@@ -208,11 +201,15 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
 
 bool parse_convert(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
   po::options_description desc("convert idx options");
-  desc.add_options()("help,h", "this help")("config", po::value<std::string>(),
-                                            "INI file of options")(
-      "images", po::value(&c.images)->required(), "IDX images file (.gz or plain)")(
-      "labels", po::value(&c.labels)->required(), "IDX labels file (.gz or plain)")(
-      "out", po::value(&c.out)->required(), "output dataset file (.h5)");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "this help")
+      ("config", po::value<std::string>(), "INI file of options")
+      ("images", po::value(&c.images)->required(), "IDX images file (.gz or plain)")
+      ("labels", po::value(&c.labels)->required(), "IDX labels file (.gz or plain)")
+      ("out", po::value(&c.out)->required(), "output dataset file (.h5)")
+      ("shards", po::value(&c.shards)->default_value(1), "split into N files OUT-00000-of-0000N.h5");
+  // clang-format on
   po::variables_map vm;
   return parse("convert idx", desc, args, vm, help);
 }

@@ -60,8 +60,9 @@ void Trainer::setup() {
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  if (cfg_.cache) data_->enable_cache();
   loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(),
-                                         comm_.size(), mean_, std_);
+                                         comm_.size(), mean_, std_, cfg_.prefetch);
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
 
   ModelSpec spec;

@@ -36,7 +36,7 @@ inline std::string shared_dataset(int64_t n, uint64_t seed) {
           img[size_t(i * 64 + y * 8 + x)] = uint8_t(rng.below(120) + (q == c ? 120 : 0));
         }
     }
-    io::write_dataset_file(path, img.data(), {n, 1, 8, 8}, labels.data(), 4);
+    io::write_dataset_files(path, img.data(), {n, 1, 8, 8}, labels.data(), 4);
   }
   MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
   return path;

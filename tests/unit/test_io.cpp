@@ -40,7 +40,7 @@ class IoTest : public testing::Test {
       for (int k = 0; k < 6; ++k) img[size_t(i * 6 + k)] = uint8_t((i * 7 + k) % 256);
     }
     const std::string p = path("data.h5");
-    write_dataset_file(p, img.data(), {n, 1, 2, 3}, lab.data(), 5);
+    write_dataset_files(p, img.data(), {n, 1, 2, 3}, lab.data(), 5);
     return p;
   }
 
@@ -193,6 +193,78 @@ TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
   }
   expect_input_error([&] { Loader l(d, 3, 21, 0, 2, 0, 1); }, "does not divide by 2 ranks");
   expect_input_error([&] { Loader l(d, 3, 200, 0, 1, 0, 1); }, "larger than dataset");
+}
+
+TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
+  const int64_t n = 1003;  // not divisible by the shard count
+  std::vector<uint8_t> img(static_cast<size_t>(n * 6));
+  std::vector<int32_t> lab(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    lab[size_t(i)] = int32_t(i % 5);
+    for (int k = 0; k < 6; ++k) img[size_t(i * 6 + k)] = uint8_t((i * 7 + k) % 256);
+  }
+  const auto one = write_dataset_files(path("one.h5"), img.data(), {n, 1, 2, 3}, lab.data(), 5);
+  fs::create_directories(path("sh"));
+  const auto files =
+      write_dataset_files(path("sh/part.h5"), img.data(), {n, 1, 2, 3}, lab.data(), 5, 4);
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(fs::path(files[0]).filename(), "part-00000-of-00004.h5");
+  EXPECT_EQ(fs::path(files[3]).filename(), "part-00003-of-00004.h5");
+  Dataset whole(one[0]), dir(path("sh")), glob(path("sh/part-*-of-00004.h5"));
+  EXPECT_EQ(dir.info().num_shards, 4);
+  EXPECT_EQ(glob.info().num_samples, n);
+  EXPECT_DOUBLE_EQ(dir.info().mean, whole.info().mean) << "one mean for all shards";
+  // Indices crossing every shard boundary, unsorted, with repeats.
+  const std::vector<int64_t> idx = {1002, 0, 250, 251, 249, 500, 501, 752, 751, 0, 1001};
+  auto read_all = [&](Dataset& d) {
+    std::vector<float> x(idx.size() * 6);
+    std::vector<int32_t> y(idx.size());
+    d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.1, 0.5);
+    return std::make_pair(x, y);
+  };
+  const auto ref = read_all(whole);
+  EXPECT_EQ(read_all(dir), ref);
+  EXPECT_EQ(read_all(glob), ref);
+  dir.enable_cache();
+  EXPECT_EQ(read_all(dir), ref) << "first read, filling the cache";
+  EXPECT_EQ(dir.cached_samples(), 10) << "the distinct indices";
+  EXPECT_EQ(read_all(dir), ref) << "from the cache";
+  EXPECT_EQ(dir.cached_samples(), 10) << "cached samples are not read again";
+  // The hyperslab path (filtered data, or RINGTRAIN_DIRECT_READ=0) reads the same values.
+  setenv("RINGTRAIN_DIRECT_READ", "0", 1);
+  Dataset slow(path("sh"));
+  unsetenv("RINGTRAIN_DIRECT_READ");
+  EXPECT_EQ(read_all(slow), ref);
+  expect_input_error([&] { Dataset d(path("sh/nothing-*.h5")); }, "matches no file");
+  fs::create_directories(path("empty"));
+  expect_input_error([&] { Dataset d(path("empty")); }, "holds no .h5 files");
+  // A shard of another schema.
+  std::vector<uint8_t> other(24);
+  write_dataset_files(path("sh/zzz.h5"), other.data(), {2, 12}, lab.data(), 5);
+  expect_input_error([&] { Dataset d(path("sh")); }, "must share one schema");
+}
+
+TEST_F(IoTest, PrefetchingLoaderHandsOutTheSameBatchesAndPositions) {
+  const std::string p = make_dataset(100);
+  Dataset d(p), d2(p);  // one Dataset per loader: reads of one Dataset are not concurrent
+  Loader sync(d, 9, 20, 1, 2, 0, 1, 0);
+  Loader ahead(d2, 9, 20, 1, 2, 0, 1, 3);
+  sync.seek(1, 40);
+  ahead.seek(1, 40);
+  for (int s = 0; s < 12; ++s) {  // crosses two epoch ends
+    const Batch& a = sync.next();
+    const Batch& b = ahead.next();
+    ASSERT_EQ(a.epoch, b.epoch) << "step " << s;
+    ASSERT_EQ(a.position, b.position) << "step " << s;
+    ASSERT_EQ(sync.epoch(), ahead.epoch());
+    ASSERT_EQ(sync.position(), ahead.position());
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_EQ(a.y.as<int32_t>()[i], b.y.as<int32_t>()[i]) << "step " << s << " sample " << i;
+      ASSERT_EQ(a.x.as<float>()[i * 6 + 5], b.x.as<float>()[i * 6 + 5]);
+    }
+  }
+  EXPECT_EQ(sync.epoch(), 3);
+  EXPECT_EQ(sync.position(), 80) << "(1,40): 3 batches, 5 in epoch 2, 4 in epoch 3";
 }
 
 TEST_F(IoTest, IdxReaderAndConverter) {

@@ -1,0 +1,58 @@
+// ShardFile: one validated file of the dataset format v1, and reads of sorted rows from it,
+// coalesced into runs of consecutive rows. Images stored without filters (what `convert`
+// writes) are read run by run with pread() at the file offsets HDF5 reports for their
+// chunks: HDF5's own path for an irregular selection of chunked data walks it element by
+// element (1.6 ms for 64 Fashion-MNIST samples, measured with perf). Filtered or unusual
+// layouts, and RINGTRAIN_DIRECT_READ=0, use one hyperslab selection (runs OR-ed) instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "io/hdf5.hpp"
+
+namespace ringtrain::io {
+
+inline constexpr const char* kDatasetFormat = "ringtrain-dataset";
+inline constexpr int64_t kDatasetVersion = 1;
+
+struct ShardInfo {
+  int64_t num_samples = 0;
+  Shape sample_shape;  // [C, H, W] or [D]
+  DType image_dtype = DType::u8;
+  int64_t num_classes = 0;
+  bool has_norm = false;
+  double mean = 0, std = 1;
+};
+
+class ShardFile {
+ public:
+  // Opens and validates; a problem is an input error naming the file and what was expected.
+  explicit ShardFile(std::string path);
+  ~ShardFile();
+  ShardFile(ShardFile&&) = default;
+  const std::string& path() const { return path_; }
+  const ShardInfo& info() const { return info_; }
+  int64_t sample_bytes() const;
+
+  // Reads the rows rows[0..m) (sorted, distinct, local to this file) into raw (m sample
+  // images, bytes as stored) and labels (m values).
+  void read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t* labels);
+
+ private:
+  void plan_direct_reads(const Shape& ishape);
+  void read_images_hyperslab(const int64_t* rows, int64_t m, uint8_t* raw);
+  void read_images_direct(const int64_t* rows, int64_t m, uint8_t* raw);
+
+  std::string path_;
+  ShardInfo info_;
+  H5Id file_, images_, labels_;
+  // Direct reads: file offset of each chunk of rows (chunk_rows_ rows each), and the fd.
+  int fd_ = -1;
+  int64_t chunk_rows_ = 0;
+  std::vector<uint64_t> chunk_addr_;
+};
+
+}  // namespace ringtrain::io
