@@ -3,7 +3,7 @@
 # the directory, on a glob, or on the single file gives bitwise identical parameters (one
 # global sample index); so do --prefetch 0 and --cache (they change how, not what, is read).
 source "$(dirname "$0")/lib.sh"
-dir=$(workdir data)
+dir=$(workdir sharded)
 src=$(dpkg -L dataset-fashion-mnist | grep 'train-images-idx3-ubyte.gz$' | xargs dirname)
 mkdir -p "$dir/shards"
 out=$("$BIN" convert idx --images "$src/train-images-idx3-ubyte.gz" \
