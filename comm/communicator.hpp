@@ -3,6 +3,8 @@
 // Float sums in fp16/bf16 add in fp32 and round once per add.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 
 #include "core/dtype.hpp"
@@ -27,6 +29,9 @@ class Communicator {
   // recv holds size() * count elements, rank r's contribution at r * count.
   virtual void allgather(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual void barrier() = 0;
+  // An MPI communicator over the same ranks, for what MPI itself must do (MPI-IO
+  // checkpoints); every backend is bootstrapped by MPI.
+  virtual MPI_Comm mpi() const = 0;
 };
 
 }  // namespace ringtrain::comm

@@ -1,6 +1,5 @@
-// Checkpoint write/read/validate and the directory store (see checkpoint.hpp).
-// This slice writes from one rank (all state is replicated); the collective parallel-HDF5
-// writer with per-rank state arrives with the restart issue.
+// Checkpoint read/validate and the directory store: listing, newest valid, pruning (see
+// checkpoint.hpp). The collective writer is in checkpoint_writer.cpp.
 #include "io/checkpoint.hpp"
 
 #include <algorithm>
@@ -48,6 +47,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.epoch = need_int(f, "epoch");
   m.samples_seen = need_int(f, "samples_seen");
   m.world_size = need_int(f, "world_size");
+  m.global_batch = read_attr_int(f, "global_batch").value_or(0);
   m.precision = need_str(f, "precision");
   m.model = need_str(f, "model");
   m.ringtrain_version = need_str(f, "ringtrain_version");
@@ -107,11 +107,19 @@ herr_t read_all(hid_t loc, const char* name, const H5O_info_t* info, void* ok) {
 
 }  // namespace
 
-bool validate_checkpoint(const std::string& path, std::string* why) {
+bool validate_checkpoint(const std::string& path, std::string* why,
+                         const std::vector<NamedTensor>& expected) {
   H5Lock lock;
   try {
     read_checkpoint_meta(path);
     H5Id f = open_file_readonly(path, "checkpoint");
+    for (const auto& p : expected) {
+      const std::string name = "params/" + p.name;
+      RT_REQUIRE(has_link(f, name), "it has no dataset /", name);
+      H5Id ds = open_dataset(f, name);
+      RT_REQUIRE(dataset_dtype(ds) == DType::f32 && dataset_shape(ds) == p.tensor.shape, "/", name,
+                 " is not fp32 ", shape_str(p.tensor.shape));
+    }
     std::string problem;
     if (H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, read_all, &problem, H5O_INFO_BASIC) < 0) {
       if (why) *why = problem.empty() ? h5_error_stack() : problem;
@@ -138,53 +146,6 @@ std::string CheckpointStore::path_for(int64_t step) const {
   return (fs::path(dir_) / name).string();
 }
 
-uint64_t CheckpointStore::save(const CheckpointMeta& m, const std::vector<NamedTensor>& params,
-                               const std::vector<OptimizerState>& optimizer) {
-  H5Lock lock;
-  const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
-  {
-    H5Id f = create_file(tmp);
-    write_attr(f, "format", std::string(kCheckpointFormat));
-    write_attr(f, "format_version", kCheckpointVersion);
-    write_attr(f, "step", m.step);
-    write_attr(f, "epoch", m.epoch);
-    write_attr(f, "samples_seen", m.samples_seen);
-    write_attr(f, "world_size", m.world_size);
-    write_attr(f, "precision", m.precision);
-    write_attr(f, "model", m.model);
-    write_attr(f, "ringtrain_version", m.ringtrain_version);
-    write_attr(f, "input_mean", m.input_mean);
-    write_attr(f, "input_std", m.input_std);
-    H5Id pg = create_group(f, "params");
-    for (const auto& p : params) write_dataset(pg, p.name, p.tensor);
-    H5Id og = create_group(f, "optimizer");
-    write_attr(og, "name", m.optimizer);
-    write_attr(og, "step", m.optimizer_step);
-    for (const auto& s : optimizer)
-      for (const auto& p : s.per_param) {
-        if (!has_link(og, p.name)) create_group(og, p.name);
-        write_dataset(og, p.name + "/" + s.state, p.tensor);
-      }
-    H5Id ls = create_group(f, "loss_scaler");
-    write_attr(ls, "scale", m.loss_scale);
-    write_attr(ls, "growth_tracker", m.growth_tracker);
-    H5Id dg = create_group(f, "data");
-    write_attr(dg, "epoch", m.data_epoch);
-    write_attr(dg, "position", m.data_position);
-    H5Id rg = create_group(f, "rng");
-    write_attr(rg, "seed", m.seed);
-    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
-  }
-  fsync_path(tmp);
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  RT_CHECK(!ec, "rename '", tmp, "' -> '", final_path, "': ", ec.message());
-  fsync_path(final_path, /*dir=*/true);
-  const uint64_t bytes = fs::file_size(final_path);
-  prune();
-  return bytes;
-}
-
 std::vector<std::string> CheckpointStore::list() const {
   static const std::regex name_re(R"(ckpt-(\d{9})\.h5)");
   std::vector<std::string> out;
@@ -197,19 +158,22 @@ std::vector<std::string> CheckpointStore::list() const {
   return out;
 }
 
-std::optional<std::string> CheckpointStore::latest_valid(std::vector<std::string>* skipped) const {
+std::optional<std::string> CheckpointStore::latest_valid(
+    std::vector<std::pair<std::string, std::string>>* skipped) const {
   auto files = list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     std::string why;
     if (validate_checkpoint(*it, &why)) return *it;
-    if (skipped) skipped->push_back(cat(*it, ": ", why));
+    if (skipped) skipped->push_back({*it, why});
   }
   return std::nullopt;
 }
 
-void CheckpointStore::prune() {
+void CheckpointStore::prune(const std::string& keep_this) {
   auto files = list();
-  for (size_t i = 0; i + size_t(keep_) < files.size(); ++i) {
+  files.erase(std::remove(files.begin(), files.end(), keep_this), files.end());
+  // The file just written always stays, plus the newest keep-1 of the others.
+  for (size_t i = 0; i + size_t(keep_ - 1) < files.size(); ++i) {
     std::error_code ec;
     fs::remove(files[i], ec);
   }

@@ -4,6 +4,8 @@
 // never touches an existing good checkpoint until its own file is complete.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +20,7 @@ inline constexpr int64_t kCheckpointVersion = 1;
 
 struct CheckpointMeta {
   int64_t step = 0, epoch = 0, samples_seen = 0, world_size = 1;
+  int64_t global_batch = 0;  // G of the run that saved (the sequence a resume continues)
   std::string precision, model, ringtrain_version;
   int64_t data_epoch = 0, data_position = 0;  // /data: where the next batch starts
   double loss_scale = 1;
@@ -44,23 +47,34 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // Fills each tensor from /params/<name> (or /optimizer/<name>/<state>), checking shapes.
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params);
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states);
-// Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums).
-bool validate_checkpoint(const std::string& path, std::string* why);
+// Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums),
+// and that /params holds each of `expected` as fp32 with its shape.
+bool validate_checkpoint(const std::string& path, std::string* why,
+                         const std::vector<NamedTensor>& expected = {});
 
 class CheckpointStore {
  public:
   CheckpointStore(std::string dir, int keep);  // input error when the dir cannot be made
   const std::string& dir() const { return dir_; }
   std::string path_for(int64_t step) const;
-  // Writes atomically and prunes to `keep`; returns the bytes of the new file.
-  uint64_t save(const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
-                const std::vector<OptimizerState>& optimizer);
+  // Writes DIR/ckpt-<step>.h5 atomically and prunes to `keep`; returns the file's bytes.
+  // Collective over `comm`: every rank calls it with the same meta and replicated tensors;
+  // all open the file with parallel HDF5 (MPI-IO, collective metadata and transfers) and
+  // each writes its share of whole chunks of every dataset, so replicated state is written
+  // once, by all ranks together. `per_rank` holds this rank's row of datasets of shape
+  // [W, ...] ("rng/streams" -> /rng/streams), each rank writing its own row. With
+  // MPI_COMM_NULL the calling process writes alone (serial HDF5).
+  uint64_t save(MPI_Comm comm, const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
+                const std::vector<OptimizerState>& optimizer,
+                const std::vector<NamedTensor>& per_rank = {});
   std::vector<std::string> list() const;  // checkpoint files, oldest step first
-  // The newest file that validates; the ones skipped are described in *skipped.
-  std::optional<std::string> latest_valid(std::vector<std::string>* skipped) const;
+  // The newest file that validates; the newer ones skipped are listed as (file, what is
+  // wrong) in *skipped.
+  std::optional<std::string> latest_valid(
+      std::vector<std::pair<std::string, std::string>>* skipped) const;
 
  private:
-  void prune();
+  void prune(const std::string& keep_this);
   std::string dir_;
   int keep_;
 };

@@ -20,6 +20,7 @@ struct TrainConfig {
   std::vector<int64_t> hidden = {512, 256};
   DType precision = DType::f32;
   int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
+  bool batch_size_given = false;                  // --batch-size was explicit
   int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing
   OptimizerConfig optimizer;
   float grad_clip = 0.f;  // 0: off
@@ -29,6 +30,7 @@ struct TrainConfig {
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
   std::string resume = "auto";  // auto | never | FILE
+  bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
   std::string device = "cpu";
   int threads = 0;  // 0: the rank's share of the node's cores

@@ -112,6 +112,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("checkpoint-secs", po::value(&c.checkpoint_secs)->default_value(0), "also save every S seconds (0: off)")
       ("keep", po::value(&c.keep)->default_value(3), "checkpoints to keep")
       ("resume", po::value(&c.resume)->default_value("auto"), "auto | never | FILE")
+      ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
       ("seed", po::value(&seed)->default_value(42), "seed of init and data order")
       ("device", po::value(&c.device)->default_value("cpu"), "cpu")
       ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: cores / ranks on the node)")
@@ -135,6 +136,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              "give --batch-size (per rank) or --global-batch-size, not both");
   RT_REQUIRE(!(vm.count("epochs") && vm.count("steps")), "give --epochs or --steps, not both");
   c.batch_size = vm.count("batch-size") ? vm["batch-size"].as<int64_t>() : 0;
+  c.batch_size_given = vm.count("batch-size") > 0;
   c.global_batch_size = vm.count("global-batch-size") ? vm["global-batch-size"].as<int64_t>() : 0;
   if (!c.batch_size && !c.global_batch_size) c.batch_size = 64;
   c.steps = vm.count("steps") ? vm["steps"].as<int64_t>() : 0;

@@ -16,7 +16,15 @@ using Clock = std::chrono::steady_clock;
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
   agree(comm_, [&] { setup(); });
-  agree(comm_, [&] { start_state(); });
+  std::string path;
+  agree(comm_, [&] {
+    if (comm_.rank() == 0) path = choose_checkpoint();
+  });
+  int64_t len = int64_t(path.size());  // rank 0 tells the others which file (if any)
+  comm_.broadcast(&len, 1, DType::i64, 0);
+  path.resize(size_t(len));
+  comm_.broadcast(path.data(), len, DType::u8, 0);
+  agree(comm_, [&] { start_from(path); });
 }
 
 Trainer::~Trainer() = default;
@@ -56,14 +64,10 @@ void Trainer::setup() {
     mean_ = info.mean;
     std_ = info.std;
   }
-  global_batch_ = cfg_.global_batch_size ? cfg_.global_batch_size : cfg_.batch_size * comm_.size();
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
   if (cfg_.cache) data_->enable_cache();
-  loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(),
-                                         comm_.size(), mean_, std_, cfg_.prefetch);
-  total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
 
   ModelSpec spec;
   spec.name = cfg_.model;
@@ -79,8 +83,11 @@ void Trainer::setup() {
     ls.init_scale = ls.min_scale = 1.f;
   }
   scaler_ = std::make_unique<LossScaler>(ls);
-  if (!cfg_.checkpoint_dir.empty() && comm_.rank() == 0)
+  if (!cfg_.checkpoint_dir.empty())
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
+  RT_REQUIRE(!val_ || val_->info().num_classes <= info.num_classes, "--val-data '", cfg_.val_data,
+             "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
+             info.num_classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
 
   grad32_storage_ =
@@ -88,55 +95,6 @@ void Trainer::setup() {
   grad32_ = cfg_.precision == DType::f32
                 ? model_->grad()
                 : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
-}
-
-void Trainer::start_state() {
-  // Rank 0 picks the checkpoint (if any) and tells the others its path.
-  std::string path;
-  if (comm_.rank() == 0) {
-    if (cfg_.resume == "auto") {
-      if (store_) {
-        std::vector<std::string> skipped;
-        auto latest = store_->latest_valid(&skipped);
-        for (auto& s : skipped)
-          std::cerr << "ringtrain: warning: skipping invalid checkpoint " << s << "\n";
-        if (latest) path = *latest;
-      }
-    } else if (cfg_.resume != "never") {
-      path = cfg_.resume;
-    }
-  }
-  int64_t len = int64_t(path.size());
-  comm_.broadcast(&len, 1, DType::i64, 0);
-  path.resize(size_t(len));
-  comm_.broadcast(path.data(), len, DType::u8, 0);
-
-  if (path.empty()) {
-    if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
-    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
-    model_->refresh_working_copy(*backend_);
-    return;
-  }
-  const io::CheckpointMeta m = io::read_checkpoint_meta(path);
-  RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", path, "' holds model ", m.model,
-             " but this run builds ", model_->spec().to_json(),
-             "; use the same --model/--hidden/data, or --resume never");
-  RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path,
-             "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
-             optimizer_->name());
-  io::read_checkpoint_params(path, master_views(*model_));
-  io::read_checkpoint_optimizer(path, optimizer_views());
-  optimizer_->set_steps(m.optimizer_step);
-  scaler_->restore(float(m.loss_scale), m.growth_tracker);
-  loader_->seek(m.data_epoch, m.data_position);
-  model_->refresh_working_copy(*backend_);
-  step_ = last_saved_step_ = m.step;
-  samples_seen_ = m.samples_seen;
-  epoch_ = m.data_epoch;
-  RT_REQUIRE(m.seed == int64_t(cfg_.seed), "checkpoint '", path, "' was trained with --seed ",
-             m.seed, "; this run has --seed ", cfg_.seed, " (the data order would differ)");
-  resumed_from_ = cat("resumed from ", path, " at step ", m.step, " (saved by ", m.world_size,
-                      " ranks in ", m.precision, ")");
 }
 
 Trainer::StepOutcome Trainer::step_once() {
@@ -199,14 +157,14 @@ Trainer::StepOutcome Trainer::step_once() {
 
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
-  agree(comm_, [&] {
-    if (comm_.rank() != 0) return;
+  agree(comm_, [&] {  // collective: every rank writes its share
     const auto t0 = Clock::now();
     io::CheckpointMeta m;
     m.step = step_;
     m.epoch = loader_->epoch();
     m.samples_seen = samples_seen_;
     m.world_size = comm_.size();
+    m.global_batch = global_batch_;
     m.precision = dtype_name(cfg_.precision);
     m.model = model_->spec().to_json();
     m.ringtrain_version = RINGTRAIN_VERSION;
@@ -219,7 +177,8 @@ void Trainer::save_checkpoint() {
     m.seed = int64_t(cfg_.seed);
     m.input_mean = mean_;
     m.input_std = std_;
-    const uint64_t bytes = store_->save(m, master_views(*model_), optimizer_views());
+    const uint64_t bytes = store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views());
+    if (comm_.rank() != 0) return;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     metrics_.write(JsonLine()
                        .add("type", "checkpoint")

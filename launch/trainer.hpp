@@ -46,7 +46,9 @@ class Trainer {
 
  private:
   void setup();
-  void start_state();
+  std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
+  void start_from(const std::string& path);
+  void make_loader(int64_t global_batch);
   void save_checkpoint();
   void run_eval();
   void say(const std::string& line) const;  // rank 0, stdout

@@ -30,7 +30,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buf, int64_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, int64_t count, DType dtype) override;
   void barrier() override;
-  MPI_Comm comm() const { return comm_; }
+  MPI_Comm mpi() const override { return comm_; }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -309,7 +309,7 @@ TEST_F(IoTest, CheckpointStoreKeepsTheNewestAndSkipsCorruptFiles) {
   for (int64_t step : {10, 20, 30}) {
     meta.step = step;
     w[0] = float(step);
-    store.save(meta, {{"fc.weight", Tensor(w.data(), {40, 100}, DType::f32)}},
+    store.save(MPI_COMM_NULL, meta, {{"fc.weight", Tensor(w.data(), {40, 100}, DType::f32)}},
                {{"momentum", {{"fc.weight", Tensor(m.data(), {40, 100}, DType::f32)}}}});
   }
   const auto files = store.list();
@@ -345,7 +345,7 @@ TEST_F(IoTest, CheckpointStoreKeepsTheNewestAndSkipsCorruptFiles) {
   std::string why;
   EXPECT_FALSE(validate_checkpoint(files[1], &why));
   EXPECT_NE(why.find("fc.weight"), std::string::npos) << why;
-  std::vector<std::string> skipped;
+  std::vector<std::pair<std::string, std::string>> skipped;
   auto latest = store.latest_valid(&skipped);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(*latest, files[0]);

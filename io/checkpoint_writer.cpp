@@ -1,0 +1,187 @@
+// The checkpoint writer: one HDF5 file per save, created by all ranks together with
+// parallel HDF5 (MPI-IO driver, collective metadata, collective transfers, objects aligned
+// to the file system's block). Every dataset is chunked (about 1 MiB, chunks of equal rows)
+// with Fletcher32 checksums; rank r of W writes the r-th W-th of the chunks of each
+// replicated dataset, and its own row of each per-rank dataset. Then rank 0 fsyncs the
+// .tmp file, renames it into place, fsyncs the directory and prunes old checkpoints.
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "io/checkpoint.hpp"
+#include "io/hdf5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain::io {
+namespace {
+
+constexpr hsize_t kChunkBytes = 1 << 20;
+
+class Writer {
+ public:
+  explicit Writer(MPI_Comm comm) : comm_(comm) {
+    if (comm_ != MPI_COMM_NULL) {
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+    }
+    dxpl_ = H5Id(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
+    if (comm_ != MPI_COMM_NULL) H5_CHECK(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE));
+  }
+
+  H5Id create(const std::string& path) const {
+    H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
+    if (comm_ != MPI_COMM_NULL) {
+      H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
+      H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
+      H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
+    }
+    // Large objects start on a file-system block, so no two writers share a block.
+    struct statvfs st {};
+    const std::string dir = fs::path(path).parent_path().string();
+    const hsize_t block = statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0
+                              ? hsize_t(st.f_bsize)
+                              : 4096;
+    H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, block));
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f < 0)
+      throw_runtime(__FILE__, __LINE__,
+                    cat("cannot create checkpoint '", path, "': ", h5_error_stack()));
+    return H5Id(f);
+  }
+
+  // A dataset of t's shape; every rank passes the same (replicated) values.
+  void replicated(hid_t loc, const std::string& name, const Tensor& t) const {
+    Shape shape = t.shape.empty() ? Shape{1} : t.shape;
+    const hsize_t rows = hsize_t(shape[0]);
+    const hsize_t row_bytes = hsize_t(t.bytes()) / std::max<hsize_t>(rows, 1);
+    // Equal chunks of about kChunkBytes: ceil(rows / chunks_needed) rows each.
+    const hsize_t chunks_needed =
+        std::max<hsize_t>(1, (rows * row_bytes + kChunkBytes - 1) / kChunkBytes);
+    const hsize_t chunk_rows = std::max<hsize_t>(1, (rows + chunks_needed - 1) / chunks_needed);
+    const hsize_t nchunks = rows == 0 ? 0 : (rows + chunk_rows - 1) / chunk_rows;
+    const hsize_t c_lo = nchunks * hsize_t(rank_) / hsize_t(size_);
+    const hsize_t c_hi = nchunks * hsize_t(rank_ + 1) / hsize_t(size_);
+    write(loc, name, t, shape, chunk_rows, std::min(rows, c_lo * chunk_rows),
+          std::min(rows, c_hi * chunk_rows));
+  }
+
+  // A dataset [W, row...] of which this rank writes row `rank`.
+  void per_rank(hid_t loc, const std::string& name, const Tensor& row) const {
+    Shape shape = {size_};
+    shape.insert(shape.end(), row.shape.begin(), row.shape.end());
+    write(loc, name,
+          Tensor(static_cast<char*>(row.data) - rank_ * int64_t(row.bytes()), shape, row.dtype),
+          shape, 1, hsize_t(rank_), hsize_t(rank_) + 1);
+  }
+
+ private:
+  // Creates name with `shape`, chunked by chunk_rows along the first dimension, Fletcher32,
+  // and writes rows [lo, hi) of it from t.data (which views the whole dataset).
+  void write(hid_t loc, const std::string& name, const Tensor& t, const Shape& shape,
+             hsize_t chunk_rows, hsize_t lo, hsize_t hi) const {
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    H5Id fspace(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
+    H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::max<hsize_t>(1, std::min(chunk_rows, dims[0]));
+    const bool empty_dataset = shape_numel(shape) == 0;
+    if (!empty_dataset) {
+      H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
+      H5_CHECK(H5Pset_fletcher32(dcpl));
+      H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    }
+    H5Id ds(H5_CHECK(
+        H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+    if (empty_dataset) return;
+    std::vector<hsize_t> start(dims.size(), 0), count = dims;
+    start[0] = lo;
+    count[0] = hi - lo;
+    H5Id mspace(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
+    if (hi > lo) {
+      H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                   nullptr));
+      H5_CHECK(H5Sselect_hyperslab(mspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                   nullptr));
+    } else {  // nothing of this dataset is ours, but the transfer is collective
+      H5_CHECK(H5Sselect_none(fspace));
+      H5_CHECK(H5Sselect_none(mspace));
+    }
+    H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), mspace, fspace, dxpl_, t.data));
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  H5Id dxpl_;
+};
+
+// Creates the groups of a path like "optimizer/fc1.weight/exp_avg" that do not exist yet.
+void ensure_parents(hid_t file, const std::string& path) {
+  for (size_t pos = path.find('/'); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    const std::string g = path.substr(0, pos);
+    if (!has_link(file, g)) create_group(file, g);
+  }
+}
+
+}  // namespace
+
+uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
+                               const std::vector<NamedTensor>& params,
+                               const std::vector<OptimizerState>& optimizer,
+                               const std::vector<NamedTensor>& per_rank) {
+  H5Lock lock;
+  int rank = 0;
+  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
+  const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
+  {
+    Writer w(comm);
+    H5Id f = w.create(tmp);
+    write_attr(f, "format", std::string(kCheckpointFormat));
+    write_attr(f, "format_version", kCheckpointVersion);
+    write_attr(f, "step", m.step);
+    write_attr(f, "epoch", m.epoch);
+    write_attr(f, "samples_seen", m.samples_seen);
+    write_attr(f, "world_size", m.world_size);
+    write_attr(f, "precision", m.precision);
+    write_attr(f, "model", m.model);
+    write_attr(f, "ringtrain_version", m.ringtrain_version);
+    write_attr(f, "input_mean", m.input_mean);
+    write_attr(f, "input_std", m.input_std);
+    write_attr(f, "global_batch", m.global_batch);
+    for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
+    for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
+    write_attr(og, "name", m.optimizer);
+    write_attr(og, "step", m.optimizer_step);
+    for (const auto& s : optimizer)
+      for (const auto& p : s.per_param) {
+        const std::string name = "optimizer/" + p.name + "/" + s.state;
+        ensure_parents(f, name);
+        w.replicated(f, name, p.tensor);
+      }
+    H5Id ls(H5_CHECK(H5Gopen2(f, "loss_scaler", H5P_DEFAULT)));
+    write_attr(ls, "scale", m.loss_scale);
+    write_attr(ls, "growth_tracker", m.growth_tracker);
+    H5Id dg(H5_CHECK(H5Gopen2(f, "data", H5P_DEFAULT)));
+    write_attr(dg, "epoch", m.data_epoch);
+    write_attr(dg, "position", m.data_position);
+    H5Id rg(H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT)));
+    write_attr(rg, "seed", m.seed);
+    for (const auto& p : per_rank) {
+      ensure_parents(f, p.name);
+      w.per_rank(f, p.name, p.tensor);
+    }
+  }  // collective close: the file is complete on every rank's side
+  if (rank != 0) return 0;
+  fsync_path(tmp);
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  RT_CHECK(!ec, "rename '", tmp, "' -> '", final_path, "': ", ec.message());
+  fsync_path(final_path, /*dir=*/true);
+  const uint64_t bytes = fs::file_size(final_path);
+  prune(final_path);
+  return bytes;
+}
+
+}  // namespace ringtrain::io
