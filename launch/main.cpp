@@ -1,6 +1,8 @@
 // `ringtrain`: the CLI entry point. One process is one rank; MPI starts here, the
 // subcommand runs, and every way out maps to the exit codes of the contract:
 // 0 finished, 1 bad input, 2 runtime failure, 75 stopped by a signal after a checkpoint.
+#include <malloc.h>
+
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -36,6 +38,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   io::silence_hdf5_errors();
+  // Buffers up to 64 MiB (HDF5's chunk buffers, activations) come from the heap and are
+  // reused, instead of fresh zeroed mmap pages per allocation: perf showed 15% of a
+  // checkpoint save in clear_page.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   MpiSession mpi(&argc, &argv);
   comm::Communicator& world = mpi.world();
   const std::string command = args[0];
