@@ -2,6 +2,7 @@
 #include "launch/commands.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "io/checkpoint.hpp"
@@ -11,6 +12,7 @@
 #include "launch/job.hpp"
 #include "launch/metrics.hpp"
 #include "launch/options.hpp"
+#include "launch/signals.hpp"
 #include "launch/trainer.hpp"
 
 namespace ringtrain::launch {
@@ -31,6 +33,7 @@ bool parse_agreed(bool (*parse)(const std::vector<std::string>&, Config&, std::s
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
+  install_stop_handlers();  // from the start: a signal during setup stops at the first step
   TrainConfig cfg;
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
   Trainer trainer(cfg, comm);
@@ -90,6 +93,9 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
   agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
+    const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
+    RT_REQUIRE(parent.empty() || std::filesystem::is_directory(parent), "--out '", cfg.out,
+               "': directory '", parent.string(), "' does not exist");
     auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out, cfg.shards);
     const std::string where = r.files.size() == 1 ? r.files[0]
                                                   : cat(r.files.front(), " ... ", r.files.back(),
@@ -138,6 +144,7 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
 }  // namespace
 
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) {
+  bool valid = true;
   agree(comm, [&] {
     RT_REQUIRE(args.size() == 1 && args[0] != "--help" && args[0] != "-h",
                "usage: ringtrain inspect FILE.h5 (a dataset or a checkpoint)");
@@ -149,12 +156,12 @@ int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) 
     H5_CHECK(H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, print_object, nullptr, H5O_INFO_BASIC));
     if (format && *format == io::kCheckpointFormat) {
       std::string why;
-      const bool ok = io::validate_checkpoint(args[0], &why);
+      valid = io::validate_checkpoint(args[0], &why);
       std::printf("valid: %s%s\n",
-                  ok ? "yes (all checksums verified)" : "NO: ", ok ? "" : why.c_str());
+                  valid ? "yes (all checksums verified)" : "NO: ", valid ? "" : why.c_str());
     }
   });
-  return 0;
+  return valid ? 0 : 1;  // scripts can test a checkpoint with `ringtrain inspect FILE`
 }
 
 }  // namespace ringtrain::launch

@@ -2,6 +2,7 @@
 #include "launch/job.hpp"
 
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -36,6 +37,14 @@ std::string hostname() {
 int threads_for_rank(int requested, const comm::Communicator& comm) {
   if (requested > 0) return requested;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  // A rank bound to a CPU set (mpirun --bind-to, srun --cpu-bind, taskset) uses that set;
+  // an unbound one shares the node's cores with the other ranks of its node.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int allowed = CPU_COUNT(&set);
+    if (allowed > 0 && allowed < cores) return allowed;
+  }
   return std::max(1, cores / std::max(1, comm.local_size()));
 }
 

@@ -212,7 +212,6 @@ void Trainer::run_eval() {
 }
 
 int Trainer::run() {
-  install_stop_handlers();
   const auto& info = data_->info();
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
           " node(s), device cpu, ", backend_->threads(), " thread(s)/rank, precision ",

@@ -18,6 +18,7 @@ packages=(
   libgtest-dev
   zlib1g-dev
   dataset-fashion-mnist
+  python3-h5py
 )
 
 missing=()

@@ -36,3 +36,24 @@ d=$(h5dump -H "$DATA/test.h5")
 grep -q '( 10000, 1, 28, 28 )' <<<"$d" || fail "dataset /images shape"
 h5dump -a /format "$DATA/test.h5" | contains '"ringtrain-dataset"' || fail "dataset format attribute"
 pass "dataset layout as documented"
+
+# A second independent reader: h5py (Debian's python3-h5py), when installed.
+if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
+  /usr/bin/python3 - "$ck" <<'PY' || fail "h5py read-back"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    assert f.attrs["format"] == b"ringtrain-checkpoint" or f.attrs["format"] == "ringtrain-checkpoint"
+    assert int(f.attrs["step"]) == 10 and int(f.attrs["format_version"]) == 1
+    shapes = {k: v.shape for k, v in f["params"].items()}
+    assert shapes == {"fc1.weight": (512, 784), "fc1.bias": (512,), "fc2.weight": (256, 512),
+                      "fc2.bias": (256,), "fc3.weight": (10, 256), "fc3.bias": (10,)}, shapes
+    for k, ds in f["params"].items():
+        assert ds.dtype == np.float32 and ds.fletcher32, k
+        assert np.isfinite(ds[...]).all(), k
+    assert f["optimizer"].attrs["name"] in (b"sgd", "sgd")
+    assert f["optimizer/fc1.weight/momentum"].shape == (512, 784)
+PY
+  pass "h5py reads the same names, shapes and fp32 values"
+else
+  echo "SKIPPED: h5py read-back (python3-h5py is not installed)"
+fi
