@@ -135,8 +135,16 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
   } else if (info->type == H5O_TYPE_DATASET) {
     io::H5Id ds = io::open_dataset(root, name);
     auto t = io::dataset_dtype(ds);
-    std::printf("/%s  %s %s\n", name, t ? dtype_name(*t) : "?",
-                shape_str(io::dataset_shape(ds)).c_str());
+    io::H5Id dcpl(H5Dget_create_plist(ds));
+    bool checksum = false;
+    for (int i = 0, n = H5Pget_nfilters(dcpl); i < n; ++i) {
+      unsigned flags = 0, cd[8];
+      size_t ncd = 8;
+      checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
+                  H5Z_FILTER_FLETCHER32;
+    }
+    std::printf("/%s  %s %s%s\n", name, t ? dtype_name(*t) : "?",
+                shape_str(io::dataset_shape(ds)).c_str(), checksum ? "  fletcher32" : "");
   }
   return 0;
 }
@@ -151,7 +159,9 @@ int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) 
     if (comm.rank() != 0) return;
     io::H5Id f = io::open_file_readonly(args[0], "file");
     auto format = io::read_attr_string(f, "format");
-    std::printf("%s: %s\n", args[0].c_str(), format ? format->c_str() : "(not a ringtrain file)");
+    std::printf("%s: %s, %llu bytes\n", args[0].c_str(),
+                format ? format->c_str() : "(not a ringtrain file)",
+                static_cast<unsigned long long>(std::filesystem::file_size(args[0])));
     H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, print_attr, (void*)"  ");
     H5_CHECK(H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, print_object, nullptr, H5O_INFO_BASIC));
     if (format && *format == io::kCheckpointFormat) {

@@ -265,9 +265,8 @@ int Trainer::run() {
         });
       }
       save_checkpoint();
-      say(cat("stopped by a signal at step ", step_,
-              "; checkpoint saved. Run the same command "
-              "again to continue."));
+      say(cat("stopped by signal ", stop_signal(), " at step ", step_, "; checkpoint ",
+              store_->path_for(step_), " saved. Run the same command again to continue."));
       return 75;
     }
     const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;

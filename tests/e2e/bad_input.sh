@@ -48,6 +48,22 @@ check "is not an HDF5 file" eval --checkpoint "$dir/text.h5" --data "$DATA/test.
 check "unknown command 'fit'" fit
 check "'$dir/none.gz' does not exist" convert idx --images "$dir/none.gz" --labels "$dir/none.gz" --out "$dir/x.h5"
 
+# Damaged files: a truncated dataset; a truncated and a bit-flipped checkpoint named by
+# --resume FILE (with --resume auto they are skipped instead: see restart.sh).
+cp "$DATA/test.h5" "$dir/trunc-data.h5"
+truncate -s 3000000 "$dir/trunc-data.h5"
+check "truncated file" train --data "$dir/trunc-data.h5"
+cp "$good" "$dir/trunc-ck.h5"
+truncate -s 100000 "$dir/trunc-ck.h5"
+check "is not a usable checkpoint" train --data "$DATA/train.h5" --hidden 32 --resume "$dir/trunc-ck.h5"
+cp "$good" "$dir/flip-ck.h5"
+python3 - "$dir/flip-ck.h5" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(len(f.read()) // 2); f.write(b"\x5a" * 256)
+PY
+check "fails its checksum" train --data "$DATA/train.h5" --hidden 32 --resume "$dir/flip-ck.h5"
+
 [[ "$(md5sum "$good")" == "$sum_before" ]] || fail "the good checkpoint was modified"
 [[ $(find "$dir/ck" -name 'ckpt-*' | wc -l) -eq 1 ]] || fail "failed runs left checkpoint files"
 pass "the good checkpoint is untouched"

@@ -4,22 +4,23 @@
 # continues the run; --resume FILE and --resume never do what they say.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir resume)
-for prec in fp32 fp16; do
+for case in "1 fp32" "1 fp16" "2 fp32" "2 fp16"; do
+  read -r n prec <<<"$case"
   common=(--data "$DATA/train.h5" --precision "$prec" --batch-size 32 --threads 1 --log-every 1000
           --hidden "128,64" --seed 5)
-  mpi 2 "$BIN" train "${common[@]}" --steps 60 --checkpoint-dir "$dir/full-$prec" >/dev/null
-  mpi 2 "$BIN" train "${common[@]}" --steps 25 --checkpoint-dir "$dir/split-$prec" >/dev/null
-  out=$(mpi 2 "$BIN" train "${common[@]}" --steps 60 --checkpoint-dir "$dir/split-$prec")
+  mpi "$n" "$BIN" train "${common[@]}" --steps 60 --checkpoint-dir "$dir/full-$n-$prec" >/dev/null
+  mpi "$n" "$BIN" train "${common[@]}" --steps 25 --checkpoint-dir "$dir/split-$n-$prec" >/dev/null
+  out=$(mpi "$n" "$BIN" train "${common[@]}" --steps 60 --checkpoint-dir "$dir/split-$n-$prec")
   grep -q "resumed from .*ckpt-000000025.h5 at step 25" <<<"$out" || fail "$prec: did not resume at step 25"
-  a=$dir/full-$prec/ckpt-000000060.h5
-  b=$dir/split-$prec/ckpt-000000060.h5
+  a=$dir/full-$n-$prec/ckpt-000000060.h5
+  b=$dir/split-$n-$prec/ckpt-000000060.h5
   for group in /params /optimizer; do
     h5diff "$a" "$b" "$group" "$group" || fail "$prec: $group differs after resume"
   done
   for attr in /loss_scaler /data; do
     h5diff "$a" "$b" "$attr" "$attr" || fail "$prec: $attr differs after resume"
   done
-  pass "$prec: resumed run is bitwise identical to the uninterrupted one"
+  pass "$n rank(s), $prec: resumed run is bitwise identical to the uninterrupted one"
 done
 
 # Another world size: 25 steps on 2 ranks, the rest on 1 rank with the same global batch.
