@@ -3,6 +3,7 @@
 // all ranks write the checkpoint together (parallel HDF5, as training does); the reference
 // is rank 0 writing one plain file with write() in 8 MiB blocks, then fsync. Sizes: the
 // MLP's training state (params + AdamW moments, 6.4 MB) and larger states. Median of 3.
+// Also the time to read the state back on every rank, as a resume does.
 //   usage: mpirun -n N checkpoint_bench [--dir DIR] [--json]
 #include <fcntl.h>
 #include <malloc.h>
@@ -78,8 +79,8 @@ int main(int argc, char** argv) {
   if (rank == 0 && !json)
     std::printf(
         "# checkpoint write (parallel HDF5, %d rank(s), fsync + rename) vs raw write + fsync\n"
-        "%-20s %12s %10s %12s %10s %7s\n",
-        size, "state", "bytes", "ckpt_s", "ckpt_MB/s", "raw_MB/s", "ratio");
+        "%-20s %12s %10s %12s %10s %7s %8s\n",
+        size, "state", "bytes", "ckpt_s", "ckpt_MB/s", "raw_MB/s", "ratio", "read_s");
   if (rank == 0 && json) std::printf("[");
   for (size_t c = 0; c < cases.size(); ++c) {
     const int64_t n = cases[c].second;
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
     meta.optimizer = "adamw";
     meta.world_size = size;
     io::CheckpointStore store(dir, 1);
-    std::vector<double> ckpt, raw;
+    std::vector<double> ckpt, raw, read;
     uint64_t bytes = 0;
     for (int rep = 0; rep < 3; ++rep) {
       meta.step = rep + 1;
@@ -112,23 +113,29 @@ int main(int argc, char** argv) {
       const uint64_t b = store.save(MPI_COMM_WORLD, meta, params, opt);
       MPI_Barrier(MPI_COMM_WORLD);
       ckpt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      // Reading it back, as a resume does on every rank: parameters and optimizer state.
+      const auto t1 = Clock::now();
+      io::read_checkpoint_params(store.path_for(meta.step), params);
+      io::read_checkpoint_optimizer(store.path_for(meta.step), opt);
+      MPI_Barrier(MPI_COMM_WORLD);
+      read.push_back(std::chrono::duration<double>(Clock::now() - t1).count());
       if (rank == 0) {
         bytes = b;
         raw.push_back(raw_write(dir + "/raw.bin", bytes));
       }
     }
     if (rank == 0) {
-      const double cs = median3(ckpt), rs = median3(raw);
+      const double cs = median3(ckpt), rs = median3(raw), rd = median3(read);
       const double cmb = double(bytes) / cs / 1e6, rmb = double(bytes) / rs / 1e6;
       if (json)
         std::printf(
             "%s{\"state\":\"%s\",\"ranks\":%d,\"bytes\":%llu,\"ckpt_s\":%.4f,\"ckpt_MBps\":%.1f,"
-            "\"raw_MBps\":%.1f,\"ratio\":%.3f}",
+            "\"raw_MBps\":%.1f,\"ratio\":%.3f,\"read_s\":%.4f}",
             c ? "," : "", cases[c].first, size, static_cast<unsigned long long>(bytes), cs, cmb,
-            rmb, cmb / rmb);
+            rmb, cmb / rmb, rd);
       else
-        std::printf("%-20s %12llu %10.3f %12.1f %10.1f %7.3f\n", cases[c].first,
-                    static_cast<unsigned long long>(bytes), cs, cmb, rmb, cmb / rmb);
+        std::printf("%-20s %12llu %10.3f %12.1f %10.1f %7.3f %8.3f\n", cases[c].first,
+                    static_cast<unsigned long long>(bytes), cs, cmb, rmb, cmb / rmb, rd);
     }
   }
   if (rank == 0 && json) std::printf("]\n");
