@@ -114,11 +114,10 @@ bool validate_checkpoint(const std::string& path, std::string* why,
     read_checkpoint_meta(path);
     H5Id f = open_file_readonly(path, "checkpoint");
     for (const auto& p : expected) {
-      const std::string name = "params/" + p.name;
-      RT_REQUIRE(has_link(f, name), "it has no dataset /", name);
-      H5Id ds = open_dataset(f, name);
-      RT_REQUIRE(dataset_dtype(ds) == DType::f32 && dataset_shape(ds) == p.tensor.shape, "/", name,
-                 " is not fp32 ", shape_str(p.tensor.shape));
+      RT_REQUIRE(has_link(f, p.name), "it has no dataset /", p.name);
+      H5Id ds = open_dataset(f, p.name);
+      RT_REQUIRE(dataset_dtype(ds) == DType::f32 && dataset_shape(ds) == p.tensor.shape, "/",
+                 p.name, " is not fp32 ", shape_str(p.tensor.shape));
     }
     std::string problem;
     if (H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, read_all, &problem, H5O_INFO_BASIC) < 0) {

@@ -48,7 +48,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params);
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states);
 // Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums),
-// and that /params holds each of `expected` as fp32 with its shape.
+// and that the file holds each of `expected` (full dataset paths, e.g. "params/fc1.weight")
+// as fp32 with its shape.
 bool validate_checkpoint(const std::string& path, std::string* why,
                          const std::vector<NamedTensor>& expected = {});
 

@@ -172,6 +172,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       ensure_parents(f, p.name);
       w.per_rank(f, p.name, p.tensor);
     }
+    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
   }  // collective close: the file is complete on every rank's side
   if (rank != 0) return 0;
   fsync_path(tmp);

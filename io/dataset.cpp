@@ -42,12 +42,13 @@ Dataset::Dataset(const std::string& spec) {
     const ShardInfo& s = shards_.back()->info();
     const ShardInfo& first = shards_.front()->info();
     RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
-                   s.num_classes == first.num_classes,
+                   s.num_classes == first.num_classes && s.has_norm == first.has_norm &&
+                   s.mean == first.mean && s.std == first.std,
                "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
                dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
                shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
                dtype_name(first.image_dtype), " in ", first.num_classes,
-               " classes; all shards of a dataset must share one schema");
+               " classes; all shards of a dataset must share one schema (and mean/std)");
     offsets_.push_back(info_.num_samples);
     info_.num_samples += s.num_samples;
   }

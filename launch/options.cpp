@@ -3,6 +3,8 @@
 
 #include <boost/program_options.hpp>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -74,14 +76,15 @@ void require_positive(const po::variables_map& vm, const char* name) {
 
 bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::string* help) {
   std::string precision = "fp32", hidden = "512,256", loss_scale = "dynamic";
-  std::string optimizer = "adamw";
+  std::string optimizer = "adamw", wire;
+  bool no_overlap = false;
   int64_t seed = int64_t(c.seed);
   po::options_description desc("train options");
   // clang-format off
   desc.add_options()
       ("help,h", "this help")
       ("config", po::value<std::string>(), "INI file of options (key = value); the command line wins")
-      ("data", po::value(&c.data)->required(), "training dataset (HDF5 file from `ringtrain convert`)")
+      ("data", po::value(&c.data)->required(), "training dataset: a file, a directory of shards or a glob")
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", po::value(&c.prefetch)->default_value(2), "batches read ahead by the loader thread (0: none)")
       ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
@@ -115,8 +118,12 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
       ("seed", po::value(&seed)->default_value(42), "seed of init and data order")
       ("device", po::value(&c.device)->default_value("cpu"), "cpu")
-      ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: cores / ranks on the node)")
-      ("comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi")
+      ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: the rank's CPU set if bound, else cores / ranks on the node)")
+      ("comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi | hierarchical")
+      ("wire-dtype", po::value(&wire), "fp32 | fp16 | bf16 gradients on the wire (default: the compute dtype)")
+      ("bucket-mb", po::value(&c.bucket_mb)->default_value(25), "gradient bucket size in MiB")
+      ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
+      ("stall-timeout", po::value(&c.stall_timeout)->default_value(300), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)")
       ("log-every", po::value(&c.log_every)->default_value(50), "progress line and metrics every N steps")
       ("metrics", po::value(&c.metrics), "JSON-lines metrics file (rank 0)");
   // clang-format on
@@ -169,7 +176,25 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.device == "cpu", "--device '", c.device,
              "' is not available: this build has only "
              "the cpu backend (the CUDA backend is not built); expected cpu");
-  RT_REQUIRE(c.comm == "mpi", "--comm '", c.comm, "' is not available in this build; expected mpi");
+  RT_REQUIRE(c.comm == "mpi" || c.comm == "hierarchical", "--comm '", c.comm,
+             "' is not available in this build; expected mpi or hierarchical");
+  if (!wire.empty()) {
+    c.wire_dtype = parse_float_dtype(wire, "--wire-dtype");
+    c.wire_dtype_given = true;
+  }
+  c.overlap = !no_overlap;
+  RT_REQUIRE(!c.overwrite || c.resume == "never",
+             "--overwrite only applies with --resume never (it deletes the checkpoints already in "
+             "--checkpoint-dir)");
+  RT_REQUIRE(c.bucket_mb > 0 && c.bucket_mb <= 4096, "--bucket-mb ", c.bucket_mb,
+             " is not valid; expected a size in MiB in (0, 4096]");
+  RT_REQUIRE(c.stall_timeout >= 0, "--stall-timeout ", c.stall_timeout, " is negative");
+  if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
+    long long step = 0;
+    RT_REQUIRE(std::sscanf(t, "%d:%lld:%lf", &c.test_stall_rank, &step, &c.test_stall_seconds) == 3,
+               "RINGTRAIN_TEST_STALL='", t, "' is not RANK:STEP:SECONDS");
+    c.test_stall_step = step;
+  }
   RT_REQUIRE(c.model == "mlp", "--model '", c.model, "' is not known; expected mlp");
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),

@@ -64,6 +64,16 @@ with open(sys.argv[1], "r+b") as f:
 PY
 check "fails its checksum" train --data "$DATA/train.h5" --hidden 32 --resume "$dir/flip-ck.h5"
 
+check "already holds 1 checkpoint" train --data "$DATA/train.h5" --hidden 32 --resume never --checkpoint-dir "$dir/ck"
+check "--overwrite only applies with --resume never" train --data "$DATA/train.h5" --overwrite
+check "directory '$dir/nodir' does not exist" convert idx --images a --labels b --out "$dir/nodir/x.h5"
+rc=0
+"$BIN" inspect "$dir/flip-ck.h5" >"$dir/out" 2>&1 || rc=$?
+if [[ $rc -ne 1 ]] || ! grep -q "valid: NO" "$dir/out"; then
+  fail "inspect of a damaged checkpoint exited $rc"
+fi
+pass "inspect exits 1 on a damaged checkpoint"
+
 [[ "$(md5sum "$good")" == "$sum_before" ]] || fail "the good checkpoint was modified"
 [[ $(find "$dir/ck" -name 'ckpt-*' | wc -l) -eq 1 ]] || fail "failed runs left checkpoint files"
 pass "the good checkpoint is untouched"

@@ -28,7 +28,7 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ringtrain::io::silence_hdf5_errors();
   testing::InitGoogleTest(&argc, argv);
   int rank = 0, size = 1;
