@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.hpp"
 
@@ -29,6 +30,12 @@ class Communicator {
   // recv holds size() * count elements, rank r's contribution at r * count.
   virtual void allgather(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual void barrier() = 0;
+  // In place over buf holding sum(counts) elements, segment r at offset sum(counts[<r]):
+  // reduce_scatter leaves on rank r its segment reduced over all ranks (other segments
+  // undefined); allgatherv fills every segment with its owner's values.
+  virtual void reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
+                              ReduceOp op = ReduceOp::sum) = 0;
+  virtual void allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) = 0;
   // An MPI communicator over the same ranks, for what MPI itself must do (MPI-IO
   // checkpoints); every backend is bootstrapped by MPI.
   virtual MPI_Comm mpi() const = 0;

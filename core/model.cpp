@@ -126,6 +126,7 @@ Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType c
   for (auto& layer : layers_) {
     auto specs = layer->param_specs();
     pending.push_back({layer.get(), params_.size(), specs.size()});
+    layer_params_.push_back({params_.size(), specs.size()});
     for (auto& ps : specs) {
       Param p;
       p.name = layer->name() + "." + ps.name;
@@ -177,9 +178,15 @@ const Tensor& Model::forward(Context& ctx, const Tensor& x) {
   return *cur;
 }
 
-void Model::backward(Context& ctx, const Tensor& dlogits) {
+void Model::backward(Context& ctx, const Tensor& dlogits,
+                     const std::function<void(size_t)>& grad_ready) {
   const Tensor* cur = &dlogits;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) cur = &(*it)->backward(ctx, *cur);
+  for (size_t l = layers_.size(); l-- > 0;) {
+    cur = &layers_[l]->backward(ctx, *cur);
+    if (!grad_ready) continue;
+    const auto [first, count] = layer_params_[l];
+    for (size_t i = first; i < first + count; ++i) grad_ready(i);
+  }
 }
 
 std::unique_ptr<Model> build_model(const ModelSpec& spec, DType compute) {

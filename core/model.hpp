@@ -4,6 +4,7 @@
 // checkpoints rely on.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,8 +46,11 @@ class Model {
 
   // Logits in fp32 (the precision policy keeps the last layer's output in fp32).
   const Tensor& forward(Context& ctx, const Tensor& x);
-  // Writes every parameter gradient (compute dtype) into grad().
-  void backward(Context& ctx, const Tensor& dlogits);
+  // Writes every parameter gradient (compute dtype) into grad(). After each layer,
+  // grad_ready(i) is called for each of its parameters (index into params()): the hook
+  // through which gradient communication starts while backward goes on.
+  void backward(Context& ctx, const Tensor& dlogits,
+                const std::function<void(size_t)>& grad_ready = {});
 
  private:
   Tensor flat(const Buffer& b, DType t) const { return Tensor(b.data(), {num_params_}, t); }
@@ -56,6 +60,7 @@ class Model {
   DType compute_;
   int64_t num_params_ = 0;
   std::vector<Param> params_;
+  std::vector<std::pair<size_t, size_t>> layer_params_;  // per layer: first param, count
   Buffer master_, work_, grad_;
 };
 

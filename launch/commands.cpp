@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "comm/hierarchical.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 #include "io/idx.hpp"
@@ -36,7 +37,11 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   install_stop_handlers();  // from the start: a signal during setup stops at the first step
   TrainConfig cfg;
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
-  Trainer trainer(cfg, comm);
+  std::unique_ptr<comm::Communicator> hierarchical;
+  if (cfg.comm == "hierarchical")
+    agree(comm,
+          [&] { hierarchical = std::make_unique<comm::HierarchicalCommunicator>(comm.mpi()); });
+  Trainer trainer(cfg, hierarchical ? *hierarchical : comm);
   return trainer.run();
 }
 

@@ -33,8 +33,17 @@ struct TrainConfig {
   bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
   std::string device = "cpu";
-  int threads = 0;  // 0: the rank's share of the node's cores
-  std::string comm = "mpi";
+  int threads = 0;                // 0: the rank's share of the node's cores
+  std::string comm = "mpi";       // mpi | hierarchical
+  DType wire_dtype = DType::f32;  // gradient dtype on the wire (default: the compute dtype)
+  bool wire_dtype_given = false;
+  double bucket_mb = 25;       // gradient bucket size
+  bool overlap = true;         // allreduce buckets while backward runs
+  double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)
+  // Test-only (RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS): hold one rank back before a step.
+  int test_stall_rank = -1;
+  int64_t test_stall_step = 0;
+  double test_stall_seconds = 0;
   int64_t log_every = 50;
   std::string metrics;
 };

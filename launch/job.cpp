@@ -17,7 +17,7 @@ namespace ringtrain::launch {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   // Errors come back as codes, which MPI_CHECK turns into messages with rank and host.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   world_ = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);

@@ -1,9 +1,12 @@
 // The training loop (see trainer.hpp).
 #include "launch/trainer.hpp"
 
+#include <mpi.h>
+
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
@@ -16,6 +19,7 @@ using Clock = std::chrono::steady_clock;
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
   agree(comm_, [&] { setup(); });
+  make_reducer();  // collective, so after every rank's setup succeeded
   std::string path;
   agree(comm_, [&] {
     if (comm_.rank() == 0) path = choose_checkpoint();
@@ -97,8 +101,36 @@ void Trainer::setup() {
                 : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
 }
 
+void Trainer::make_reducer() {
+  comm::ReducerConfig rc;
+  rc.wire = cfg_.wire_dtype_given ? cfg_.wire_dtype : cfg_.precision;
+  rc.bucket_bytes = int64_t(cfg_.bucket_mb * double(1 << 20));
+  rc.first_bucket_bytes = std::min<int64_t>(rc.bucket_bytes, 1 << 20);
+  rc.overlap = cfg_.overlap;
+  rc.stall_timeout_s = cfg_.stall_timeout;
+  // The communication thread and the stall watch call MPI beside the main thread.
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) {
+    if (comm_.rank() == 0 && (rc.overlap || rc.stall_timeout_s > 0))
+      std::cerr << "ringtrain: warning: this MPI gives no MPI_THREAD_MULTIPLE: gradient "
+                   "communication runs after backward and stalls are not detected\n";
+    rc.overlap = false;
+    rc.stall_timeout_s = 0;
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& p : model_->params()) ranges.push_back({p.offset, p.master.numel()});
+  reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges);
+}
+
 Trainer::StepOutcome Trainer::step_once() {
+  if (cfg_.test_stall_rank == comm_.rank() && cfg_.test_stall_step == step_ + 1) {
+    // Test-only: hold this rank back so the others' stall detection fires.
+    std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
+  }
+  const auto t_start = Clock::now();
   const io::Batch& batch = loader_->next();
+  const auto t_data = Clock::now();
   epoch_ = batch.epoch;
   Context ctx{*backend_, cfg_.precision, true};
   const Tensor* x = &batch.x;
@@ -110,13 +142,15 @@ Trainer::StepOutcome Trainer::step_once() {
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   const float scale = scaler_->scale();
   auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
-  model_->backward(ctx, dlogits);
+  reducer_->start_step(step_ + 1);
+  model_->backward(ctx, dlogits, [&](size_t p) { reducer_->mark_ready(p); });
+  const auto t_backward = Clock::now();
+  // Whatever of the bucketed allreduce is still in flight: the exposed communication.
+  const double exposed = reducer_->finish();
 
-  // Sum the gradients in the compute dtype, then unscale and average into fp32 in one pass.
-  const Tensor grad = model_->grad();
-  comm_.allreduce(grad.data, grad.numel(), grad.dtype, comm::ReduceOp::sum);
+  // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass.
   const bool nonfinite =
-      backend_->unscale_check(grad, 1.f / (scale * float(comm_.size())), grad32_);
+      backend_->unscale_check(reducer_->result(), 1.f / (scale * float(comm_.size())), grad32_);
 
   // One small allreduce agrees on the metrics and on stopping/saving.
   const bool save_due =
@@ -152,7 +186,17 @@ Trainer::StepOutcome Trainer::step_once() {
   }
   ++step_;
   samples_seen_ += global_batch_;
-  return {reduced[0], reduced[1], reduced[2] > 0, reduced[3] > 0};
+  StepOutcome out;
+  out.loss_sum = reduced[0];
+  out.correct = reduced[1];
+  out.stop = reduced[2] > 0;
+  out.save_due = reduced[3] > 0;
+  out.data_s = std::chrono::duration<double>(t_data - t_start).count();
+  out.compute_s = std::chrono::duration<double>(t_backward - t_data).count();
+  out.comm_s = reducer_->comm_seconds();
+  out.exposed_comm_s = exposed;
+  out.step_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return out;
 }
 
 void Trainer::save_checkpoint() {
@@ -227,11 +271,17 @@ int Trainer::run() {
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   double window_loss = 0, window_correct = 0;
+  StepOutcome times;  // summed seconds of the window's steps
   while (step_ < total_steps_) {
     const StepOutcome out = step_once();
     ++window_steps;
     window_loss += out.loss_sum;
     window_correct += out.correct;
+    times.data_s += out.data_s;
+    times.compute_s += out.compute_s;
+    times.comm_s += out.comm_s;
+    times.exposed_comm_s += out.exposed_comm_s;
+    times.step_s += out.step_s;
     if (step_ % cfg_.log_every == 0 || step_ == total_steps_) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       const double samples = double(window_steps * global_batch_);
@@ -252,7 +302,13 @@ int Trainer::run() {
                          .add("loss_scale", double(scaler_->scale()))
                          .add("lr", double(cfg_.optimizer.lr))
                          .add("samples_per_sec", sps)
-                         .add("world_size", comm_.size()));
+                         .add("world_size", comm_.size())
+                         .add("step_s", times.step_s / double(window_steps))
+                         .add("data_wait_s", times.data_s / double(window_steps))
+                         .add("compute_s", times.compute_s / double(window_steps))
+                         .add("comm_s", times.comm_s / double(window_steps))
+                         .add("exposed_comm_s", times.exposed_comm_s / double(window_steps)));
+      times = StepOutcome{};
       window_start = Clock::now();
       window_steps = 0;
       window_loss = window_correct = 0;

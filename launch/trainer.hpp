@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/grad_reducer.hpp"
 #include "core/loss_scaler.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -33,8 +34,11 @@ class Trainer {
   // What one step agreed on across ranks (one small allreduce per step).
   struct StepOutcome {
     double loss_sum = 0, correct = 0;  // over the global batch
-    bool stop = false;                 // some rank got a stop signal
-    bool save_due = false;             // --checkpoint-secs elapsed on rank 0
+    // This rank's seconds: waiting for data, forward + backward, the bucket allreduces
+    // (mostly hidden behind backward), the part of them backward did not hide, whole step.
+    double data_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
+    bool stop = false;      // some rank got a stop signal
+    bool save_due = false;  // --checkpoint-secs elapsed on rank 0
   };
   // One step: this rank's batch, forward, backward, gradient allreduce, unscale + check,
   // optimizer (or skip). run() is a loop of these; tests drive it directly.
@@ -49,6 +53,7 @@ class Trainer {
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
   void make_loader(int64_t global_batch);
+  void make_reducer();
   void save_checkpoint();
   void run_eval();
   void say(const std::string& line) const;  // rank 0, stdout
@@ -64,6 +69,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<io::CheckpointStore> store_;
+  std::unique_ptr<comm::GradReducer> reducer_;
   MetricsWriter metrics_;
   Buffer grad32_storage_;
   Tensor grad32_;

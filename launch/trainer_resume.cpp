@@ -49,7 +49,17 @@ std::string Trainer::choose_checkpoint() {
                  m->model, " but this run builds ", model_->spec().to_json(),
                  "; use the same --model/--hidden/data, another --checkpoint-dir, or "
                  "--resume never --overwrite");
-      if (io::validate_checkpoint(*it, &why, master_views(*model_))) return *it;
+      RT_REQUIRE(m->optimizer == optimizer_->name(), "checkpoint '", *it,
+                 "' was trained with --optimizer ", m->optimizer, "; this run asks for ",
+                 optimizer_->name());
+      // Every dataset a resume reads must be there with its shape.
+      std::vector<io::NamedTensor> expected;
+      for (const auto& p : master_views(*model_))
+        expected.push_back({"params/" + p.name, p.tensor});
+      for (const auto& s : optimizer_views())
+        for (const auto& p : s.per_param)
+          expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor});
+      if (io::validate_checkpoint(*it, &why, expected)) return *it;
     }
     std::error_code ec;
     fs::rename(*it, *it + ".invalid", ec);

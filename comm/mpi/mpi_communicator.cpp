@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -109,33 +111,40 @@ void in_pieces(void* buf, int64_t count, DType dtype, F f) {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool discover_nodes) {
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  MPI_Comm local;
-  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
-  MPI_CHECK(MPI_Comm_size(local, &local_size_));
-  // Node index: the rank of this node's leader among all leaders, shared within the node.
-  MPI_Comm leaders;
-  MPI_CHECK(MPI_Comm_split(comm_, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+  const char* per_node = std::getenv("RINGTRAIN_RANKS_PER_NODE");
+  if (!discover_nodes) {
+    MPI_CHECK(MPI_Comm_split(comm_, rank_, 0, &local_));
+  } else if (per_node && *per_node) {
+    const int k = std::atoi(per_node);
+    RT_REQUIRE(k >= 1, "RINGTRAIN_RANKS_PER_NODE='", per_node, "' is not a positive number");
+    MPI_CHECK(MPI_Comm_split(comm_, rank_ / k, rank_, &local_));
+  } else {
+    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
+  }
+  MPI_CHECK(MPI_Comm_rank(local_, &local_rank_));
+  MPI_CHECK(MPI_Comm_size(local_, &local_size_));
+  // The ranks with this local rank, one per node; its leaders' comm numbers the nodes.
+  MPI_CHECK(MPI_Comm_split(comm_, local_rank_, rank_, &cross_));
   if (local_rank_ == 0) {
-    MPI_CHECK(MPI_Comm_rank(leaders, &node_));
-    MPI_CHECK(MPI_Comm_size(leaders, &num_nodes_));
-    MPI_CHECK(MPI_Comm_free(&leaders));
+    MPI_CHECK(MPI_Comm_rank(cross_, &node_));
+    MPI_CHECK(MPI_Comm_size(cross_, &num_nodes_));
   }
   int layout[2] = {node_, num_nodes_};
-  MPI_CHECK(MPI_Bcast(layout, 2, MPI_INT, 0, local));
+  MPI_CHECK(MPI_Bcast(layout, 2, MPI_INT, 0, local_));
   node_ = layout[0];
   num_nodes_ = layout[1];
-  MPI_CHECK(MPI_Comm_free(&local));
 }
 
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  for (MPI_Comm* c : {&cross_, &local_, &comm_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
 void MpiCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
@@ -156,6 +165,43 @@ void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DTy
 }
 
 void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+namespace {
+// MPI's int counts and displacements of a segment layout.
+void int_layout(const std::vector<int64_t>& counts, int size, std::vector<int>& c,
+                std::vector<int>& d) {
+  RT_CHECK(int(counts.size()) == size, counts.size(), " segment counts for ", size, " ranks");
+  c.resize(counts.size());
+  d.resize(counts.size());
+  int64_t off = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    RT_CHECK(counts[r] >= 0 && off + counts[r] <= INT_MAX, "segment layout beyond int counts");
+    c[r] = int(counts[r]);
+    d[r] = int(off);
+    off += counts[r];
+  }
+}
+}  // namespace
+
+void MpiCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
+                                     ReduceOp op) {
+  std::vector<int> c, d;
+  int_layout(counts, size_, c, d);
+  // MPI_IN_PLACE leaves the result at the start of buf: move it to this rank's segment.
+  MPI_CHECK(
+      MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(dtype), mpi_op(op, dtype), comm_));
+  const size_t es = dtype_size(dtype);
+  char* p = static_cast<char*>(buf);
+  if (d[size_t(rank_)] != 0)
+    std::memmove(p + size_t(d[size_t(rank_)]) * es, p, size_t(c[size_t(rank_)]) * es);
+}
+
+void MpiCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) {
+  std::vector<int> c, d;
+  int_layout(counts, size_, c, d);
+  MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(),
+                           mpi_type(dtype), comm_));
+}
 
 std::string mpi_library_version() {
   char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};

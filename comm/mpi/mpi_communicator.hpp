@@ -13,7 +13,11 @@ namespace ringtrain::comm {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm);
+  // Duplicates comm. Nodes are found with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), or,
+  // when RINGTRAIN_RANKS_PER_NODE=k is set, as groups of k consecutive ranks (to test
+  // multi-node code on one machine). discover_nodes=false: one rank per "node" (for
+  // sub-communicators, whose layout nobody asks for).
+  explicit MpiCommunicator(MPI_Comm comm, bool discover_nodes = true);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -30,10 +34,16 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buf, int64_t count, DType dtype, int root) override;
   void allgather(const void* send, void* recv, int64_t count, DType dtype) override;
   void barrier() override;
+  void reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
+                      ReduceOp op) override;
+  void allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) override;
   MPI_Comm mpi() const override { return comm_; }
+  // The ranks of this node, and the ranks of every node with this local rank.
+  MPI_Comm node_comm() const { return local_; }
+  MPI_Comm cross_comm() const { return cross_; }
 
  private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL, local_ = MPI_COMM_NULL, cross_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, node_ = 0, num_nodes_ = 1;
 };
 

@@ -1,0 +1,127 @@
+// Bucketed, overlapped gradient allreduce (see grad_reducer.hpp).
+#include "comm/grad_reducer.hpp"
+
+#include <chrono>
+
+#include "core/error.hpp"
+#include "kernels/kernels.hpp"
+
+namespace ringtrain::comm {
+
+using Clock = std::chrono::steady_clock;
+
+GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
+                         const std::vector<std::pair<int64_t, int64_t>>& params)
+    : comm_(comm), cfg_(cfg), grad_(grad), board_(comm.mpi()), watch_(board_, cfg.stall_timeout_s) {
+  RT_REQUIRE(cfg.bucket_bytes > 0, "--bucket-mb must be positive");
+  if (cfg.wire == grad.dtype) {
+    wire_ = grad;  // reduce in place
+  } else {
+    wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire));
+    wire_ = Tensor(wire_storage_.data(), grad.shape, cfg.wire);
+  }
+  // Buckets from the last parameter backwards, each closed once it reaches its size.
+  const int64_t es = int64_t(dtype_size(cfg.wire));
+  bucket_of_.resize(params.size());
+  Bucket cur;
+  for (size_t i = params.size(); i-- > 0;) {
+    cur.offset = params[i].first;
+    cur.count += params[i].second;
+    cur.first_param = i;
+    ++cur.params;
+    bucket_of_[i] = buckets_.size();
+    const int64_t cap =
+        buckets_.empty() ? std::min(cfg.first_bucket_bytes, cfg.bucket_bytes) : cfg.bucket_bytes;
+    if (cur.count * es >= cap || i == 0) {
+      buckets_.push_back(cur);
+      cur = Bucket{};
+    }
+  }
+  pending_.resize(buckets_.size());
+  if (cfg_.overlap) thread_ = std::thread([this] { run(); });
+}
+
+GradReducer::~GradReducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void GradReducer::start_step(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
+  ready_ = done_ = 0;
+  comm_s_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
+}
+
+void GradReducer::mark_ready(size_t param) {
+  const size_t b = bucket_of_.at(param);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--pending_[b] != 0) return;
+  // Buckets are reduced strictly in order (the same order on every rank).
+  while (ready_ < buckets_.size() && pending_[ready_] == 0) ++ready_;
+  cv_.notify_all();
+}
+
+void GradReducer::reduce(size_t b) {
+  const Bucket& k = buckets_[b];
+  const auto t0 = Clock::now();
+  if (wire_.data != grad_.data) {
+    const Tensor src = grad_.slice(k.offset, {k.count}), dst = wire_.slice(k.offset, {k.count});
+    if (grad_.dtype == DType::f32) {
+      kernels::host_from_f32(src.as<float>(), dst.data, dst.dtype, k.count);
+    } else if (dst.dtype == DType::f32) {
+      kernels::host_to_f32(src.data, src.dtype, dst.as<float>(), k.count);
+    } else {  // fp16 <-> bf16 through fp32
+      std::vector<float> tmp(static_cast<size_t>(k.count));
+      kernels::host_to_f32(src.data, src.dtype, tmp.data(), k.count);
+      kernels::host_from_f32(tmp.data(), dst.data, dst.dtype, k.count);
+    }
+  }
+  watch_.enter(step_, int64_t(b));
+  comm_.allreduce(wire_.slice(k.offset, {k.count}).data, k.count, wire_.dtype, ReduceOp::sum);
+  watch_.leave();
+  comm_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void GradReducer::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || done_ < ready_; });
+    if (stop_) return;
+    const size_t b = done_;
+    lock.unlock();
+    try {
+      reduce(b);
+    } catch (...) {
+      lock.lock();
+      error_ = std::current_exception();
+      done_ = buckets_.size();
+      cv_.notify_all();
+      return;
+    }
+    lock.lock();
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+double GradReducer::finish() {
+  const auto t0 = Clock::now();
+  if (!cfg_.overlap) {  // the same buckets in the same order, after backward
+    for (size_t b = 0; b < buckets_.size(); ++b) reduce(b);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  ready_ = buckets_.size();  // also buckets whose parameters were never marked
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return done_ == buckets_.size(); });
+  if (error_) std::rethrow_exception(error_);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace ringtrain::comm

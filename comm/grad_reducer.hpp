@@ -1,0 +1,82 @@
+// GradReducer: sums the flat gradient buffer across ranks in buckets while backward still
+// runs. Buckets hold whole parameters in reverse layer order (the first, smaller, so that
+// communication starts early); when backward marks a bucket's last parameter ready, the
+// communication thread casts it to the wire dtype (if that differs) and allreduces it,
+// adding in fp32 and rounding once. finish() waits for what is still in flight. The same
+// buckets are reduced in the same order with overlap on or off, so both give bitwise
+// identical sums.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/stall.hpp"
+#include "core/tensor.hpp"
+
+namespace ringtrain::comm {
+
+struct ReducerConfig {
+  DType wire = DType::f32;
+  int64_t bucket_bytes = 25 << 20;       // in the wire dtype
+  int64_t first_bucket_bytes = 1 << 20;  // PyTorch DDP's first bucket
+  bool overlap = true;
+  double stall_timeout_s = 300;  // <= 0: no stall detection
+};
+
+struct Bucket {
+  int64_t offset = 0, count = 0;       // elements of the flat buffer
+  size_t first_param = 0, params = 0;  // parameter indices (forward order) it holds
+};
+
+class GradReducer {
+ public:
+  // grad: the flat gradient buffer (any float dtype); params: (offset, count) of each
+  // parameter in it, in forward order. Collective (creates the stall board).
+  GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
+              const std::vector<std::pair<int64_t, int64_t>>& params);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  void start_step(int64_t step);
+  // Backward wrote parameter i's gradient (call in any order, each once per step).
+  void mark_ready(size_t param);
+  // Every bucket reduced: result() holds the sum over ranks (wire dtype). Returns the
+  // seconds this call waited (the communication not hidden by compute).
+  double finish();
+  Tensor result() const { return wire_; }
+  double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
+
+ private:
+  void reduce(size_t b);  // one bucket: cast to wire, allreduce
+  void run();             // the communication thread
+
+  Communicator& comm_;
+  ReducerConfig cfg_;
+  Tensor grad_, wire_;
+  Buffer wire_storage_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // parameter -> bucket
+  std::vector<size_t> pending_;    // parameters still to come, per bucket
+  ProgressBoard board_;
+  StallWatch watch_;
+  int64_t step_ = 0;
+  double comm_s_ = 0;
+  // Shared with the communication thread.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t ready_ = 0;  // buckets 0..ready_-1 may be reduced
+  size_t done_ = 0;   // buckets 0..done_-1 are reduced
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace ringtrain::comm
