@@ -35,7 +35,7 @@ TEST_P(BitwiseAcrossRanks, ParametersIdenticalAfterEveryStep) {
   const std::string data = test::shared_dataset(1024, 7);
   comm::MpiCommunicator world(MPI_COMM_WORLD);
   auto cfg = small_config(data, GetParam());
-  cfg.global_batch_size = 64;
+  cfg.global_batch_size = 96;  // divides by 1, 2, 3 and 4 ranks
   cfg.optimizer.name = "adamw";
   cfg.optimizer.lr = 1e-2f;
   cfg.grad_clip = 1.0f;  // exercises the norm reduction too
@@ -46,7 +46,7 @@ TEST_P(BitwiseAcrossRanks, ParametersIdenticalAfterEveryStep) {
   double first_loss = 0, last_loss = 0;
   for (int s = 1; s <= 20; ++s) {
     auto out = trainer.step_once();
-    (s == 1 ? first_loss : last_loss) = out.loss_sum / 64;
+    (s == 1 ? first_loss : last_loss) = out.loss_sum / 96;
     ASSERT_TRUE(test::identical_on_all_ranks(model.master().data, bytes)) << "after step " << s;
     const Tensor w = model.work();
     ASSERT_TRUE(test::identical_on_all_ranks(w.data, w.bytes())) << "working copy, step " << s;
@@ -61,6 +61,8 @@ INSTANTIATE_TEST_SUITE_P(Precisions, BitwiseAcrossRanks,
 TEST(DataParallel, WRanksEqualOneRankWithTheSameGlobalBatch) {
   const std::string data = test::shared_dataset(2048, 11);
   comm::MpiCommunicator world(MPI_COMM_WORLD);
+  if (64 % world.size() != 0)
+    GTEST_SKIP() << "64 samples do not split evenly over " << world.size() << " ranks";
   comm::MpiCommunicator self(MPI_COMM_SELF);
   auto cfg = small_config(data, DType::f32);
   cfg.batch_size = 64 / world.size();
