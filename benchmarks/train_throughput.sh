@@ -2,8 +2,10 @@
 # Training throughput of the Fashion-MNIST MLP (784-512-256-10) at 1 and 2 ranks in fp32,
 # fp16 and bf16, --threads 1 per rank, against the GEMM rate OpenBLAS reaches in the same
 # run on one core (a 2048^3 SGEMM, from gemm_bench): samples/s, the FLOP rate each rank
-# achieves, and its ratio to that practical limit. Writes a table and, with --json FILE,
-# one JSON object per configuration.
+# achieves, and its ratio to that practical limit. Then, at 2 ranks, the exposed gradient
+# communication (the part of the bucketed allreduce not hidden behind backward) as a share
+# of the step time, with overlap and with --no-overlap. Writes tables and, with --json
+# FILE, one JSON object per configuration.
 set -euo pipefail
 
 usage() {
@@ -32,6 +34,13 @@ trap 'rm -rf "$tmp"' EXIT
 
 # FLOPs of one training sample: forward GEMMs, weight gradients, and input gradients of
 # every layer but the first (ringtrain skips that one).
+# The median of a step-record field over the 50-step windows after the first (start-up).
+median() {
+  python3 -c 'import json,sys,statistics
+r=[json.loads(l) for l in open(sys.argv[1])]
+print(statistics.median([x[sys.argv[2]] for x in r if x["type"]=="step"][1:]))' "$1" "$2"
+}
+
 flops=$(( 2 * (784*512 + 512*256 + 256*10) * 2 + 2 * (512*256 + 256*10) ))
 gemm=$("$bin/gemm_bench" --threads 1 --json | python3 -c \
   'import json,sys; print([r["gflops"] for r in json.load(sys.stdin) if r["shape"]=="square2048"][0])')
@@ -44,11 +53,7 @@ for ranks in 1 2; do
     m=$tmp/m-$ranks-$prec.jsonl
     mpirun -n "$ranks" "$bin/ringtrain" train --data "$data" --precision "$prec" \
       --batch-size "$batch" --steps "$steps" --threads 1 --log-every 50 --metrics "$m" >/dev/null
-    # The median of the 50-step windows after the first (which includes start-up).
-    sps=$(python3 -c 'import json,sys,statistics
-r=[json.loads(l) for l in open(sys.argv[1])]
-s=[x["samples_per_sec"] for x in r if x["type"]=="step"][1:]
-print(statistics.median(s))' "$m")
+    sps=$(median "$m" samples_per_sec)
     read -r per ratio < <(python3 -c 'import sys
 sps,ranks,flops,gemm=map(float,sys.argv[1:])
 per=sps*flops/ranks*1e-9
@@ -57,6 +62,26 @@ print(f"{per:.2f} {per/gemm:.3f}")' "$sps" "$ranks" "$flops" "$gemm")
     if [[ -n "$json" ]]; then
       printf '{"model":"mlp","ranks":%d,"precision":"%s","batch_per_rank":%d,"samples_per_sec":%.1f,"gflops_per_rank":%s,"gemm_gflops":%s,"ratio_to_gemm":%s}\n' \
         "$ranks" "$prec" "$batch" "$sps" "$per" "$gemm" "$ratio" >>"$json"
+    fi
+  done
+done
+
+printf '\n# 2 ranks: exposed gradient communication per step (median of 50-step windows)\n'
+printf '%-9s %-10s %10s %10s %12s %9s\n' precision overlap step_ms comm_ms exposed_ms exposed_pct
+for prec in fp32 fp16; do
+  for overlap in on off; do
+    m=$tmp/x-$prec-$overlap.jsonl
+    extra=()
+    [[ $overlap == off ]] && extra=(--no-overlap)
+    mpirun -n 2 "$bin/ringtrain" train --data "$data" --precision "$prec" --batch-size "$batch" \
+      --steps "$steps" --threads 1 --log-every 50 --metrics "$m" "${extra[@]}" >/dev/null
+    read -r step comm exposed < <(echo "$(median "$m" step_s) $(median "$m" comm_s) $(median "$m" exposed_comm_s)")
+    frac=$(python3 -c "print(f'{100*$exposed/$step:.1f}')")
+    printf '%-9s %-10s %10.3f %10.3f %12.3f %9s\n' "$prec" "$overlap" "$(python3 -c "print($step*1e3)")" \
+      "$(python3 -c "print($comm*1e3)")" "$(python3 -c "print($exposed*1e3)")" "$frac"
+    if [[ -n "$json" ]]; then
+      printf '{"model":"mlp","ranks":2,"precision":"%s","overlap":"%s","step_s":%s,"comm_s":%s,"exposed_comm_s":%s,"exposed_percent":%s}\n' \
+        "$prec" "$overlap" "$step" "$comm" "$exposed" "$frac" >>"$json"
     fi
   done
 done
