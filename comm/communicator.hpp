@@ -1,5 +1,6 @@
 // comm::Communicator: the collectives data-parallel training needs, on flat buffers of a
-// DType. Backends: MPI (comm/mpi); NCCL and the hierarchical one arrive with their issues.
+// DType. Backends: MPI (comm/mpi) and hierarchical (comm/hierarchical, built from two MPI
+// communicators); NCCL arrives with the CUDA backend.
 // Float sums in fp16/bf16 add in fp32 and round once per add.
 #pragma once
 

@@ -20,23 +20,26 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
     wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire));
     wire_ = Tensor(wire_storage_.data(), grad.shape, cfg.wire);
   }
-  // Buckets from the last parameter backwards, each closed once it reaches its size.
+  // Buckets from the last parameter backwards. Like PyTorch DDP, a bucket is closed before
+  // the parameter that would take it past its cap (a parameter larger than the cap gets a
+  // bucket of its own): for the MLP, fc3..fc1.bias reduce while fc1's backward runs.
   const int64_t es = int64_t(dtype_size(cfg.wire));
   bucket_of_.resize(params.size());
   Bucket cur;
   for (size_t i = params.size(); i-- > 0;) {
+    const int64_t cap =
+        buckets_.empty() ? std::min(cfg.first_bucket_bytes, cfg.bucket_bytes) : cfg.bucket_bytes;
+    if (cur.params > 0 && (cur.count + params[i].second) * es > cap) {
+      buckets_.push_back(cur);
+      cur = Bucket{};
+    }
     cur.offset = params[i].first;
     cur.count += params[i].second;
     cur.first_param = i;
     ++cur.params;
     bucket_of_[i] = buckets_.size();
-    const int64_t cap =
-        buckets_.empty() ? std::min(cfg.first_bucket_bytes, cfg.bucket_bytes) : cfg.bucket_bytes;
-    if (cur.count * es >= cap || i == 0) {
-      buckets_.push_back(cur);
-      cur = Bucket{};
-    }
   }
+  if (cur.params > 0) buckets_.push_back(cur);
   pending_.resize(buckets_.size());
   if (cfg_.overlap) thread_ = std::thread([this] { run(); });
 }

@@ -23,7 +23,7 @@ class ProgressBoard {
   ProgressBoard(const ProgressBoard&) = delete;
   ProgressBoard& operator=(const ProgressBoard&) = delete;
   void arrive(int64_t step, int64_t bucket);  // this rank reached (step, bucket)
-  // "rank 1 (host h) is at step 4 bucket 0; ..." for every rank behind (step, bucket).
+  // "rank 1 is at step 4 bucket 0; ..." for every rank behind (step, bucket).
   std::string behind(int64_t step, int64_t bucket);
 
  private:

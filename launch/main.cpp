@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+
+#include <memory>
+
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
 #include "launch/job.hpp"
@@ -43,8 +47,17 @@ int main(int argc, char** argv) {
   // checkpoint save in clear_page.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  MpiSession mpi(&argc, &argv);
-  comm::Communicator& world = mpi.world();
+  std::unique_ptr<MpiSession> mpi;
+  try {
+    mpi = std::make_unique<MpiSession>(&argc, &argv);
+  } catch (const Error& e) {  // e.g. a bad RINGTRAIN_RANKS_PER_NODE: the same on every rank
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::cerr << "ringtrain: error: " << e.what() << std::endl;
+    MPI_Finalize();
+    return e.exit_code();
+  }
+  comm::Communicator& world = mpi->world();
   const std::string command = args[0];
   args.erase(args.begin());
   try {

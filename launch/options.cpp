@@ -186,8 +186,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");
-  RT_REQUIRE(c.bucket_mb > 0 && c.bucket_mb <= 4096, "--bucket-mb ", c.bucket_mb,
-             " is not valid; expected a size in MiB in (0, 4096]");
+  RT_REQUIRE(c.bucket_mb * double(1 << 20) >= 4 && c.bucket_mb <= 4096, "--bucket-mb ", c.bucket_mb,
+             " is not valid; expected a size in MiB from 4 bytes (4e-6) to 4096");
   RT_REQUIRE(c.stall_timeout >= 0, "--stall-timeout ", c.stall_timeout, " is negative");
   if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
     long long step = 0;

@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
   agree(comm_, [&] { setup(); });
-  make_reducer();  // collective, so after every rank's setup succeeded
+  agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
   std::string path;
   agree(comm_, [&] {
     if (comm_.rank() == 0) path = choose_checkpoint();
@@ -261,7 +261,8 @@ int Trainer::run() {
           " node(s), device cpu, ", backend_->threads(), " thread(s)/rank, precision ",
           dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
           ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
-          comm_.backend(), " in ", dtype_name(cfg_.precision)));
+          comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
+          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
           model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",

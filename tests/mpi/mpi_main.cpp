@@ -1,4 +1,4 @@
-// main() of the multi-rank GoogleTest suite, run by CTest under mpiexec -n 1, 2 and 4.
+// main() of the multi-rank GoogleTest suite, run by CTest under mpiexec -n 1, 2, 3 and 4.
 // Rank 0 prints the usual GoogleTest output; every other rank prints only its failures,
 // prefixed with its rank. At the end the ranks agree on the outcome with an allreduce, so
 // each exits non-zero when any rank failed.

@@ -1,4 +1,4 @@
-// Parallel checkpoints on 1, 2 and 4 ranks: every rank writes its share of each dataset
+// Parallel checkpoints on 1, 2, 3 and 4 ranks: every rank writes its share of each dataset
 // (sizes with fewer chunks than ranks, uneven chunk splits, several MiB) and its own row of
 // a per-rank dataset; the file read back has exactly the values, validates, and a file
 // written by W ranks holds the same datasets as one written by a single process.

@@ -1,4 +1,4 @@
-// The MPI communicator on 1, 2 and 4 ranks: sums in every dtype (exact where the values
+// The MPI communicator on 1, 2, 3 and 4 ranks: sums in every dtype (exact where the values
 // make it exact, fp32-add-then-round for fp16/bf16), identical results on all ranks,
 // broadcast, allgather, and the node layout.
 #include <gtest/gtest.h>

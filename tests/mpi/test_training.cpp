@@ -1,4 +1,4 @@
-// Data-parallel training on 1, 2 and 4 ranks through the real Trainer: parameters stay
+// Data-parallel training on 1, 2, 3 and 4 ranks through the real Trainer: parameters stay
 // bitwise identical on every rank after every step, in every precision; and W ranks with a
 // per-rank batch of 64/W follow the same trajectory as 1 rank with a batch of 64 (fp32,
 // relative difference <= 1e-5 after 20 steps).
