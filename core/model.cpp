@@ -172,9 +172,13 @@ void Model::refresh_working_copy(kernels::Backend& backend) {
   if (compute_ != DType::f32) backend.cast(master(), work());
 }
 
-const Tensor& Model::forward(Context& ctx, const Tensor& x) {
+const Tensor& Model::forward(Context& ctx, const Tensor& x,
+                             const std::function<void(size_t, const Tensor&)>& after_layer) {
   const Tensor* cur = &x;
-  for (auto& layer : layers_) cur = &layer->forward(ctx, *cur);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    cur = &layers_[l]->forward(ctx, *cur);
+    if (after_layer) after_layer(l, *cur);
+  }
   return *cur;
 }
 
@@ -183,6 +187,7 @@ void Model::backward(Context& ctx, const Tensor& dlogits,
   const Tensor* cur = &dlogits;
   for (size_t l = layers_.size(); l-- > 0;) {
     cur = &layers_[l]->backward(ctx, *cur);
+    if (backward_hook_) backward_hook_(l, *cur);
     if (!grad_ready) continue;
     const auto [first, count] = layer_params_[l];
     for (size_t i = first; i < first + count; ++i) grad_ready(i);

@@ -45,7 +45,15 @@ class Model {
   void refresh_working_copy(kernels::Backend& backend);
 
   // Logits in fp32 (the precision policy keeps the last layer's output in fp32).
-  const Tensor& forward(Context& ctx, const Tensor& x);
+  // after_layer(l, y), if given, sees each layer's output (diagnostics, tracing).
+  const Tensor& forward(Context& ctx, const Tensor& x,
+                        const std::function<void(size_t, const Tensor&)>& after_layer = {});
+  // Called after each layer's backward with the layer index and its input gradient
+  // (empty for the first layer), before grad_ready for its parameters.
+  using BackwardHook = std::function<void(size_t, const Tensor&)>;
+  void set_backward_hook(BackwardHook hook) { backward_hook_ = std::move(hook); }
+  // The layers' parameter index ranges (first, count), per layer.
+  const std::vector<std::pair<size_t, size_t>>& layer_params() const { return layer_params_; }
   // Writes every parameter gradient (compute dtype) into grad(). After each layer,
   // grad_ready(i) is called for each of its parameters (index into params()): the hook
   // through which gradient communication starts while backward goes on.
@@ -61,6 +69,7 @@ class Model {
   int64_t num_params_ = 0;
   std::vector<Param> params_;
   std::vector<std::pair<size_t, size_t>> layer_params_;  // per layer: first param, count
+  BackwardHook backward_hook_;
   Buffer master_, work_, grad_;
 };
 

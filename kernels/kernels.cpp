@@ -21,6 +21,8 @@ const char* op_name(Op op) {
       return "softmax_xent";
     case Op::unscale_check:
       return "unscale_check";
+    case Op::any_nonfinite:
+      return "any_nonfinite";
     case Op::sum_squares:
       return "sum_squares";
     case Op::scale:

@@ -20,6 +20,7 @@ enum class Op {
   relu_backward,
   softmax_xent,
   unscale_check,
+  any_nonfinite,
   sum_squares,
   scale,
   sgd_step,
@@ -72,6 +73,7 @@ class Backend {
   // out (fp32) = in * factor, fused with the non-finite check of the loss scaler; returns
   // true when any element is inf or nan. out may alias in when both are fp32.
   virtual bool unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
+  virtual bool any_nonfinite(const Tensor& x) = 0;        // any inf/nan, any float dtype
   virtual double sum_squares(const Tensor& x) = 0;        // fp32 tensor, double accumulation
   virtual void scale(const Tensor& x, float factor) = 0;  // fp32, in place
 

@@ -46,6 +46,10 @@ struct TrainConfig {
   double test_stall_seconds = 0;
   int64_t log_every = 50;
   std::string metrics;
+  std::string tensorboard;        // event-file directory (rank 0)
+  int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
+  bool check_numerics = false;    // find the first layer and rank with inf/nan
+  std::string progress = "auto";  // auto | bar | lines
 };
 
 struct EvalConfig {
@@ -54,6 +58,10 @@ struct EvalConfig {
   DType precision = DType::f32;
   int threads = 0;
   std::string metrics;
+  std::string tensorboard;        // event-file directory (rank 0)
+  int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
+  bool check_numerics = false;    // find the first layer and rank with inf/nan
+  std::string progress = "auto";  // auto | bar | lines
 };
 
 struct ConvertConfig {

@@ -125,7 +125,11 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("stall-timeout", po::value(&c.stall_timeout)->default_value(300), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)")
       ("log-every", po::value(&c.log_every)->default_value(50), "progress line and metrics every N steps")
-      ("metrics", po::value(&c.metrics), "JSON-lines metrics file (rank 0)");
+      ("metrics", po::value(&c.metrics), "JSON-lines metrics file (rank 0)")
+      ("tensorboard", po::value(&c.tensorboard), "write TensorBoard event files into this directory (rank 0)")
+      ("histogram-every", po::value(&c.histogram_every)->default_value(100), "weight and gradient histograms every N steps (0: never)")
+      ("check-numerics", po::bool_switch(&c.check_numerics), "find and name the first layer and rank with inf/nan each step")
+      ("progress", po::value(&c.progress)->default_value("auto"), "auto | bar | lines: rank 0's progress as a bar redrawn in place, or lines");
   // clang-format on
   po::variables_map vm;
   if (!parse("train", desc, args, vm, help)) return false;
@@ -189,6 +193,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.bucket_mb * double(1 << 20) >= 4 && c.bucket_mb <= 4096, "--bucket-mb ", c.bucket_mb,
              " is not valid; expected a size in MiB from 4 bytes (4e-6) to 4096");
   RT_REQUIRE(c.stall_timeout >= 0, "--stall-timeout ", c.stall_timeout, " is negative");
+  RT_REQUIRE(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "--progress '",
+             c.progress, "' is not valid; expected auto, bar or lines");
+  RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every, " is negative");
   if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
     long long step = 0;
     RT_REQUIRE(std::sscanf(t, "%d:%lld:%lf", &c.test_stall_rank, &step, &c.test_stall_seconds) == 3,

@@ -2,9 +2,11 @@
 #include "launch/trainer.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -50,8 +52,29 @@ std::vector<io::OptimizerState> Trainer::optimizer_views() const {
   return states;
 }
 
-void Trainer::say(const std::string& line) const {
-  if (comm_.rank() == 0) std::cout << line << std::endl;
+void Trainer::say(const std::string& line) {
+  if (comm_.rank() != 0) return;
+  if (bar_active_) std::cout << '\n';  // keep the progress bar's last state on its line
+  bar_active_ = false;
+  std::cout << line << std::endl;
+}
+
+void Trainer::progress(const std::string& line, double fraction) {
+  if (comm_.rank() != 0) return;
+  if (!progress_bar_) return say(line);  // batch jobs and files: plain lines
+  // A terminal: one line redrawn in place, with a bar.
+  constexpr int kWidth = 20;
+  const int filled = int(fraction * kWidth + 0.5);
+  std::cout << "\r[" << std::string(size_t(filled), '#')
+            << std::string(size_t(kWidth - filled), '.') << "] " << line << "\033[K" << std::flush;
+  bar_active_ = true;
+}
+
+std::string duration_str(double seconds) {
+  const int64_t s = int64_t(seconds + 0.5);
+  if (s >= 3600) return cat(s / 3600, "h", (s / 60) % 60 < 10 ? "0" : "", (s / 60) % 60, "m");
+  if (s >= 60) return cat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
+  return cat(s, "s");
 }
 
 void Trainer::setup() {
@@ -93,6 +116,12 @@ void Trainer::setup() {
              "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
              info.num_classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
+  // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
+  // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
+  progress_bar_ = cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
+                                             !std::getenv("OMPI_COMM_WORLD_SIZE"));
+  if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
+    tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
   grad32_storage_ =
       cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
@@ -121,6 +150,11 @@ void Trainer::make_reducer() {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& p : model_->params()) ranges.push_back({p.offset, p.master.numel()});
   reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges);
+  numerics_ =
+      std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
+  model_->set_backward_hook(
+      [this](size_t l, const Tensor& dx) { numerics_->after_backward(l, dx); });
+  initial_scale_ = scaler_->scale();
 }
 
 Trainer::StepOutcome Trainer::step_once() {
@@ -138,7 +172,9 @@ Trainer::StepOutcome Trainer::step_once() {
     backend_->cast(batch.x, xc_.ensure(batch.x.shape, cfg_.precision));
     x = &xc_.view;
   }
-  const Tensor& logits = model_->forward(ctx, *x);
+  numerics_->begin_step(step_ + 1);
+  const Tensor& logits =
+      model_->forward(ctx, *x, [&](size_t l, const Tensor& y) { numerics_->after_forward(l, y); });
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   const float scale = scaler_->scale();
   auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
@@ -160,7 +196,14 @@ Trainer::StepOutcome Trainer::step_once() {
                        save_due ? 1. : 0.};
   comm_.allreduce(reduced, 4, DType::f64, comm::ReduceOp::sum);
 
-  const bool apply = scaler_->update(nonfinite);  // identical on all ranks: same summed grads
+  // --check-numerics: where the first inf/nan appeared (one small allreduce, all ranks).
+  const std::string where = numerics_->agree(comm_);
+  if (!where.empty() && comm_.rank() == 0)
+    std::cerr << "ringtrain: numerics: " << where << std::endl;
+  if (!where.empty())
+    metrics_.write(JsonLine().add("type", "numerics").add("step", step_ + 1).add("message", where));
+  const bool apply = scaler_->update(nonfinite || !where.empty());  // same on all ranks
+  if (!apply) numerics_->charge_overflow(reducer_->result());
   if (apply) {
     if (cfg_.grad_clip > 0.f) {
       const double norm = std::sqrt(backend_->sum_squares(grad32_));
@@ -175,11 +218,16 @@ Trainer::StepOutcome Trainer::step_once() {
                        .add("step", step_ + 1)
                        .add("reason", "non-finite gradients")
                        .add("loss_scale", double(scaler_->scale())));
-    if (scaler_->floor_hit()) {
+    const bool fell = !warned_scale_drop_ && scaler_->scale() <= initial_scale_ / 1024.f;
+    if (scaler_->floor_hit() || fell) {
+      warned_scale_drop_ = warned_scale_drop_ || fell;
+      const std::string worst = numerics_->worst_layer();
       const std::string msg =
-          cat("loss scale is at its floor ", scaler_->scale(), " at step ", step_ + 1,
-              " and gradients still overflow; the run is diverging (lower --lr, "
-              "use bf16, or set --min-scale lower)");
+          cat(scaler_->floor_hit() ? "loss scale is at its floor "
+                                   : "loss scale has fallen by 2^10 to ",
+              scaler_->scale(), " at step ", step_ + 1, " and gradients still overflow",
+              worst.empty() ? "" : cat("; most often in layer ", worst),
+              "; the run is diverging (lower --lr, use bf16, or set --min-scale lower)");
       if (comm_.rank() == 0) std::cerr << "ringtrain: warning: " << msg << std::endl;
       metrics_.write(JsonLine().add("type", "warning").add("step", step_ + 1).add("message", msg));
     }
@@ -247,6 +295,11 @@ void Trainer::run_eval() {
                 static_cast<long long>(step_), r.loss, r.accuracy,
                 static_cast<long long>(r.samples));
   say(line);
+  if (tensorboard_) {
+    tensorboard_->scalar("val/loss", step_, r.loss);
+    tensorboard_->scalar("val/accuracy", step_, r.accuracy);
+    tensorboard_->flush();
+  }
   metrics_.write(JsonLine()
                      .add("type", "eval")
                      .add("step", step_)
@@ -275,6 +328,14 @@ int Trainer::run() {
   StepOutcome times;  // summed seconds of the window's steps
   while (step_ < total_steps_) {
     const StepOutcome out = step_once();
+    if (tensorboard_ && cfg_.histogram_every > 0 && step_ % cfg_.histogram_every == 0) {
+      for (const auto& par : model_->params()) {  // fp32 masters and this step's gradient
+        tensorboard_->histogram("weights/" + par.name, step_, par.master.as<float>(),
+                                par.master.numel());
+        tensorboard_->histogram("gradients/" + par.name, step_, grad32_.as<float>() + par.offset,
+                                par.master.numel());
+      }
+    }
     ++window_steps;
     window_loss += out.loss_sum;
     window_correct += out.correct;
@@ -288,13 +349,29 @@ int Trainer::run() {
       const double samples = double(window_steps * global_batch_);
       const double loss = window_loss / samples, acc = window_correct / samples;
       const double sps = samples / std::max(secs, 1e-9);
-      char line[200];
+      const double eta = double(total_steps_ - step_) * secs / double(window_steps);
+      char line[240];
       std::snprintf(line, sizeof line,
-                    "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s",
+                    "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s "
+                    "ETA %s",
                     static_cast<long long>(step_), static_cast<long long>(total_steps_),
                     static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()),
-                    double(cfg_.optimizer.lr), sps);
-      say(line);
+                    double(cfg_.optimizer.lr), sps, duration_str(eta).c_str());
+      progress(line, double(step_) / double(std::max<int64_t>(total_steps_, 1)));
+      if (tensorboard_) {
+        const double n = double(window_steps);
+        for (auto [tag, v] : {std::pair<const char*, double>{"train/loss", loss},
+                              {"train/accuracy", acc},
+                              {"train/learning_rate", cfg_.optimizer.lr},
+                              {"train/loss_scale", scaler_->scale()},
+                              {"train/samples_per_sec", sps},
+                              {"time/step_s", times.step_s / n},
+                              {"time/compute_s", times.compute_s / n},
+                              {"time/exposed_comm_s", times.exposed_comm_s / n},
+                              {"time/data_wait_s", times.data_s / n}})
+          tensorboard_->scalar(tag, step_, v);
+        tensorboard_->flush();
+      }
       metrics_.write(JsonLine()
                          .add("type", "step")
                          .add("step", step_)
@@ -333,6 +410,7 @@ int Trainer::run() {
   }
   save_checkpoint();
   run_eval();
+  if (bar_active_) std::cout << std::endl;  // end the progress bar's line
   return 0;
 }
 

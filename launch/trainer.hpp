@@ -17,8 +17,13 @@
 #include "io/loader.hpp"
 #include "launch/config.hpp"
 #include "launch/metrics.hpp"
+#include "launch/numerics.hpp"
+#include "launch/tensorboard.hpp"
 
 namespace ringtrain::launch {
+
+// "42s", "3m07s", "2h05m": an ETA for progress lines.
+std::string duration_str(double seconds);
 
 // The fp32 masters as the checkpoint names them: one view per parameter.
 std::vector<io::NamedTensor> master_views(Model& model);
@@ -56,7 +61,10 @@ class Trainer {
   void make_reducer();
   void save_checkpoint();
   void run_eval();
-  void say(const std::string& line) const;  // rank 0, stdout
+  void say(const std::string& line);  // rank 0, stdout, a line of its own
+  // Rank 0's progress: a bar redrawn in place on a terminal, plain lines otherwise.
+  void progress(const std::string& line, double fraction);
+  bool bar_active_ = false, progress_bar_ = false;
   // The optimizer state as the checkpoint names it: one view per state and parameter.
   std::vector<io::OptimizerState> optimizer_views() const;
 
@@ -70,6 +78,10 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<io::CheckpointStore> store_;
   std::unique_ptr<comm::GradReducer> reducer_;
+  std::unique_ptr<NumericsCheck> numerics_;
+  std::unique_ptr<EventWriter> tensorboard_;
+  float initial_scale_ = 1;
+  bool warned_scale_drop_ = false;
   MetricsWriter metrics_;
   Buffer grad32_storage_;
   Tensor grad32_;

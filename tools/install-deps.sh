@@ -19,6 +19,7 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   python3-h5py
+  python3-venv
 )
 
 missing=()

@@ -191,6 +191,18 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   return bad != 0;
 }
 
+bool CpuBackend::any_nonfinite(const Tensor& x) {
+  const int64_t n = x.numel();
+  int bad = 0;
+  dispatch_float(x.dtype, [&](auto X) {
+    using E = decltype(X);
+    const auto* p = x.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) reduction(| : bad)
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(E::load(p[i]));
+  });
+  return bad != 0;
+}
+
 double CpuBackend::sum_squares(const Tensor& x) {
   RT_CHECK(x.dtype == DType::f32, "sum_squares takes fp32");
   const float* p = x.as<float>();

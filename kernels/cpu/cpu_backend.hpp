@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
                           const Tensor* dlogits) override;
   bool unscale_check(const Tensor& in, float factor, const Tensor& out) override;
+  bool any_nonfinite(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
   void scale(const Tensor& x, float factor) override;
   void sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,

@@ -1,0 +1,36 @@
+// TensorBoard event files written by ringtrain itself: TFRecord framing (length, masked
+// CRC-32C of the length, data, masked CRC-32C of the data) around Event protocol buffers
+// encoded by hand (the few fields TensorBoard reads: wall_time, step, file_version,
+// summary.value{tag, simple_value | histo}). Rank 0 owns the writer.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace ringtrain::launch {
+
+uint32_t crc32c(const void* data, size_t n);  // Castagnoli, as TFRecord uses
+
+class EventWriter {
+ public:
+  // Creates DIR (if needed) and DIR/events.out.tfevents.<seconds>.<host>; input error if
+  // it cannot.
+  explicit EventWriter(const std::string& dir);
+  ~EventWriter();
+  EventWriter(const EventWriter&) = delete;
+  EventWriter& operator=(const EventWriter&) = delete;
+  const std::string& path() const { return path_; }
+
+  void scalar(const std::string& tag, int64_t step, double value);
+  // A histogram of n fp32 values with TensorFlow's default exponential buckets.
+  void histogram(const std::string& tag, int64_t step, const float* values, int64_t n);
+  void flush();
+
+ private:
+  void write_event(const std::string& event);
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace ringtrain::launch
