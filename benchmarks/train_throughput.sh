@@ -85,3 +85,24 @@ for prec in fp32 fp16; do
     fi
   done
 done
+
+# The timeline's cost: off, on but outside its window (the cost of the checks alone), and
+# recording every step. 1 rank, fp32.
+printf '\n# 1 rank fp32: step time with the timeline off / outside its window / recording\n'
+printf '%-22s %10s %8s\n' timeline step_ms ratio
+base=""
+for mode in off outside recording; do
+  m=$tmp/t-$mode.jsonl
+  extra=()
+  [[ $mode == outside ]] && extra=(--timeline "$tmp/t.json" --timeline-steps 999999:1000000)
+  [[ $mode == recording ]] && extra=(--timeline "$tmp/t.json" --timeline-steps "1:$steps")
+  "$bin/ringtrain" train --data "$data" --batch-size "$batch" --steps "$steps" --threads 1 \
+    --log-every 50 --metrics "$m" "${extra[@]}" >/dev/null
+  step=$(median "$m" step_s)
+  [[ -z "$base" ]] && base=$step
+  printf '%-22s %10.4f %8.3f\n' "$mode" "$(python3 -c "print($step*1e3)")" "$(python3 -c "print($step/$base)")"
+  if [[ -n "$json" ]]; then
+    printf '{"model":"mlp","ranks":1,"timeline":"%s","step_s":%s,"ratio":%s}\n' "$mode" "$step" \
+      "$(python3 -c "print($step/$base)")" >>"$json"
+  fi
+done

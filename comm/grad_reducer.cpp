@@ -58,6 +58,7 @@ void GradReducer::start_step(int64_t step) {
   step_ = step;
   ready_ = done_ = 0;
   comm_s_ = 0;
+  spans_.clear();
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
 }
 
@@ -88,7 +89,9 @@ void GradReducer::reduce(size_t b) {
   watch_.enter(step_, int64_t(b));
   comm_.allreduce(wire_.slice(k.offset, {k.count}).data, k.count, wire_.dtype, ReduceOp::sum);
   watch_.leave();
-  comm_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+  comm_s_ += std::chrono::duration<double>(t1 - t0).count();
+  spans_.push_back({b, t0, t1});
 }
 
 void GradReducer::run() {

@@ -7,6 +7,7 @@
 // identical sums.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -53,6 +54,12 @@ class GradReducer {
   double finish();
   Tensor result() const { return wire_; }
   double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
+  struct Span {
+    size_t bucket;
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  // The last step's bucket allreduces (cast included), in order; valid after finish().
+  const std::vector<Span>& spans() const { return spans_; }
 
  private:
   void reduce(size_t b);  // one bucket: cast to wire, allreduce
@@ -69,6 +76,7 @@ class GradReducer {
   StallWatch watch_;
   int64_t step_ = 0;
   double comm_s_ = 0;
+  std::vector<Span> spans_;
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;

@@ -50,6 +50,8 @@ struct TrainConfig {
   int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
   bool check_numerics = false;    // find the first layer and rank with inf/nan
   std::string progress = "auto";  // auto | bar | lines
+  std::string timeline;           // Chrome-trace file (written by rank 0)
+  std::string timeline_steps = "1:10";
 };
 
 struct EvalConfig {
@@ -62,6 +64,8 @@ struct EvalConfig {
   int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
   bool check_numerics = false;    // find the first layer and rank with inf/nan
   std::string progress = "auto";  // auto | bar | lines
+  std::string timeline;           // Chrome-trace file (written by rank 0)
+  std::string timeline_steps = "1:10";
 };
 
 struct ConvertConfig {

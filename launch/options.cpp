@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "launch/timeline.hpp"
 
 namespace po = boost::program_options;
 
@@ -129,7 +130,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("tensorboard", po::value(&c.tensorboard), "write TensorBoard event files into this directory (rank 0)")
       ("histogram-every", po::value(&c.histogram_every)->default_value(100), "weight and gradient histograms every N steps (0: never)")
       ("check-numerics", po::bool_switch(&c.check_numerics), "find and name the first layer and rank with inf/nan each step")
-      ("progress", po::value(&c.progress)->default_value("auto"), "auto | bar | lines: rank 0's progress as a bar redrawn in place, or lines");
+      ("progress", po::value(&c.progress)->default_value("auto"), "auto | bar | lines: rank 0's progress as a bar redrawn in place, or lines")
+      ("timeline", po::value(&c.timeline), "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps, all ranks")
+      ("timeline-steps", po::value(&c.timeline_steps)->default_value("1:10"), "A:B, the steps the timeline covers");
   // clang-format on
   po::variables_map vm;
   if (!parse("train", desc, args, vm, help)) return false;
@@ -195,6 +198,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.stall_timeout >= 0, "--stall-timeout ", c.stall_timeout, " is negative");
   RT_REQUIRE(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "--progress '",
              c.progress, "' is not valid; expected auto, bar or lines");
+  parse_step_window(c.timeline_steps);  // input error now, not after training
   RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every, " is negative");
   if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
     long long step = 0;

@@ -22,6 +22,10 @@ using Clock = std::chrono::steady_clock;
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
   agree(comm_, [&] { setup(); });
   agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
+  if (!cfg_.timeline.empty()) {
+    const auto [a, b] = parse_step_window(cfg_.timeline_steps);
+    timeline_ = Timeline(comm_.mpi(), cfg_.timeline, a, b);
+  }
   std::string path;
   agree(comm_, [&] {
     if (comm_.rank() == 0) path = choose_checkpoint();
@@ -152,8 +156,14 @@ void Trainer::make_reducer() {
   reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges);
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
-  model_->set_backward_hook(
-      [this](size_t l, const Tensor& dx) { numerics_->after_backward(l, dx); });
+  model_->set_backward_hook([this](size_t l, const Tensor& dx) {
+    numerics_->after_backward(l, dx);
+    if (!tracing_) return;
+    const auto now = Clock::now();
+    timeline_.span("backward " + model_->layers()[l]->name(), "backward", 0, last_mark_, now,
+                   step_ + 1);
+    last_mark_ = now;
+  });
   initial_scale_ = scaler_->scale();
 }
 
@@ -162,9 +172,12 @@ Trainer::StepOutcome Trainer::step_once() {
     // Test-only: hold this rank back so the others' stall detection fires.
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
   }
+  const int64_t step = step_ + 1;
+  tracing_ = timeline_.on(step);  // one branch per span site when --timeline is off
   const auto t_start = Clock::now();
   const io::Batch& batch = loader_->next();
   const auto t_data = Clock::now();
+  if (tracing_) timeline_.span("data wait", "data", 0, t_start, t_data, step);
   epoch_ = batch.epoch;
   Context ctx{*backend_, cfg_.precision, true};
   const Tensor* x = &batch.x;
@@ -178,15 +191,24 @@ Trainer::StepOutcome Trainer::step_once() {
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   const float scale = scaler_->scale();
   auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
+  last_mark_ = Clock::now();
+  if (tracing_) timeline_.span("forward + loss", "forward", 0, t_data, last_mark_, step);
   reducer_->start_step(step_ + 1);
   model_->backward(ctx, dlogits, [&](size_t p) { reducer_->mark_ready(p); });
   const auto t_backward = Clock::now();
   // Whatever of the bucketed allreduce is still in flight: the exposed communication.
   const double exposed = reducer_->finish();
+  const auto t_reduced = Clock::now();
+  if (tracing_) {
+    timeline_.span("wait for gradients", "comm", 0, t_backward, t_reduced, step);
+    for (const auto& s : reducer_->spans())
+      timeline_.span(cat("allreduce bucket ", s.bucket), "comm", 1, s.begin, s.end, step);
+  }
 
   // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass.
   const bool nonfinite =
       backend_->unscale_check(reducer_->result(), 1.f / (scale * float(comm_.size())), grad32_);
+  if (tracing_) timeline_.span("unscale/check", "optimizer", 0, t_reduced, Clock::now(), step);
 
   // One small allreduce agrees on the metrics and on stopping/saving.
   const bool save_due =
@@ -210,8 +232,10 @@ Trainer::StepOutcome Trainer::step_once() {
       if (norm > cfg_.grad_clip) backend_->scale(grad32_, float(cfg_.grad_clip / (norm + 1e-6)));
     }
     Tensor work = model_->work();
+    const auto t_opt = Clock::now();
     optimizer_->step(*backend_, model_->master(), grad32_,
                      cfg_.precision == DType::f32 ? nullptr : &work, cfg_.optimizer.lr);
+    if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
   } else {
     metrics_.write(JsonLine()
                        .add("type", "skip")
@@ -249,6 +273,7 @@ Trainer::StepOutcome Trainer::step_once() {
 
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
+  const auto t_ckpt = Clock::now();
   agree(comm_, [&] {  // collective: every rank writes its share
     const auto t0 = Clock::now();
     io::CheckpointMeta m;
@@ -281,6 +306,8 @@ void Trainer::save_checkpoint() {
   });
   last_saved_step_ = step_;
   last_save_time_ = Clock::now();
+  if (timeline_.on(step_))
+    timeline_.span("checkpoint", "checkpoint", 0, t_ckpt, last_save_time_, step_);
 }
 
 void Trainer::run_eval() {
@@ -399,6 +426,7 @@ int Trainer::run() {
         });
       }
       save_checkpoint();
+      finish_timeline();
       say(cat("stopped by signal ", stop_signal(), " at step ", step_, "; checkpoint ",
               store_->path_for(step_), " saved. Run the same command again to continue."));
       return 75;
@@ -410,8 +438,15 @@ int Trainer::run() {
   }
   save_checkpoint();
   run_eval();
+  finish_timeline();
   if (bar_active_) std::cout << std::endl;  // end the progress bar's line
   return 0;
+}
+
+void Trainer::finish_timeline() {
+  std::string path;
+  agree(comm_, [&] { path = timeline_.write(comm_.mpi()); });
+  if (!path.empty()) say(cat("timeline of steps ", cfg_.timeline_steps, " written to ", path));
 }
 
 }  // namespace ringtrain::launch

@@ -19,6 +19,7 @@
 #include "launch/metrics.hpp"
 #include "launch/numerics.hpp"
 #include "launch/tensorboard.hpp"
+#include "launch/timeline.hpp"
 
 namespace ringtrain::launch {
 
@@ -65,6 +66,10 @@ class Trainer {
   // Rank 0's progress: a bar redrawn in place on a terminal, plain lines otherwise.
   void progress(const std::string& line, double fraction);
   bool bar_active_ = false, progress_bar_ = false;
+  void finish_timeline();  // collective: rank 0 writes the merged trace
+  Timeline timeline_;
+  bool tracing_ = false;  // this step is inside --timeline-steps
+  std::chrono::steady_clock::time_point last_mark_;
   // The optimizer state as the checkpoint names it: one view per state and parameter.
   std::vector<io::OptimizerState> optimizer_views() const;
 

@@ -74,3 +74,32 @@ script -qec "$BIN train --data $DATA/train.h5 --steps 20 --log-every 10 --hidden
 grep -q $'\r\\[##########..........\\] step 10/20' "$dir/tty.out" || fail "no progress bar: $(cat -v "$dir/tty.out")"
 grep -q $'\r\\[####################\\] step 20/20' "$dir/tty.out" || fail "bar did not reach 100%"
 pass "progress: a bar on a terminal, plain lines with an ETA otherwise"
+
+# Timeline: 3 ranks, steps 3..5, a checkpoint at step 4; valid JSON with spans from every
+# rank, per rank in order within each step, and nothing outside the window.
+mpi 3 "$BIN" train --data "$DATA/train.h5" --steps 8 --global-batch-size 96 --threads 1 \
+  --hidden 64,32 --bucket-mb 0.05 --timeline "$dir/trace.json" --timeline-steps 3:5 \
+  --checkpoint-dir "$dir/tl-ck" --checkpoint-every 4 >"$dir/tl.out"
+grep -q "timeline of steps 3:5 written to $dir/trace.json" "$dir/tl.out" || fail "timeline not announced"
+python3 - "$dir/trace.json" <<'PY' || fail "timeline contents"
+import json, sys
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+assert {e["pid"] for e in spans} == {0, 1, 2}, "spans from every rank"
+assert {e["args"]["step"] for e in spans} == {3, 4, 5}, "only the window"
+main_order = ["data wait", "forward + loss", "backward fc3", "backward relu2", "backward fc2",
+              "backward relu1", "backward fc1", "wait for gradients", "unscale/check", "optimizer"]
+for rank in range(3):
+    for step in (3, 4, 5):
+        mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step
+                       and e["tid"] == 0 and e["name"] != "checkpoint"), key=lambda e: e["ts"])
+        assert [e["name"] for e in mine] == main_order, (rank, step, [e["name"] for e in mine])
+        for a, b in zip(mine, mine[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (rank, step, a["name"], b["name"])
+        buckets = [e for e in spans if e["pid"] == rank and e["args"]["step"] == step and e["tid"] == 1]
+        names = [e["name"] for e in sorted(buckets, key=lambda e: e["ts"])]
+        assert len(names) >= 2 and names == [f"allreduce bucket {i}" for i in range(len(names))], names
+    ck = [e for e in spans if e["pid"] == rank and e["name"] == "checkpoint"]
+    assert [e["args"]["step"] for e in ck] == [4], ck
+print("timeline: %d spans checked" % len(spans))
+PY
+pass "timeline: spans from every rank, in order, only for steps 3..5"
