@@ -11,7 +11,8 @@ namespace ringtrain::comm {
 using Clock = std::chrono::steady_clock;
 
 GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
-                         const std::vector<std::pair<int64_t, int64_t>>& params)
+                         const std::vector<std::pair<int64_t, int64_t>>& params,
+                         const std::vector<size_t>& groups)
     : comm_(comm), cfg_(cfg), grad_(grad), board_(comm.mpi()), watch_(board_, cfg.stall_timeout_s) {
   RT_REQUIRE(cfg.bucket_bytes > 0, "--bucket-mb must be positive");
   if (cfg.wire == grad.dtype) {
@@ -20,24 +21,34 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
     wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire));
     wire_ = Tensor(wire_storage_.data(), grad.shape, cfg.wire);
   }
-  // Buckets from the last parameter backwards. Like PyTorch DDP, a bucket is closed before
-  // the parameter that would take it past its cap (a parameter larger than the cap gets a
-  // bucket of its own): for the MLP, fc3..fc1.bias reduce while fc1's backward runs.
+  // Buckets from the last group (layer) backwards. Like PyTorch DDP, a bucket is closed
+  // before the group that would take it past its cap; a group larger than the cap gets a
+  // bucket of its own, and no group is split (its gradients become ready together, so a
+  // bucket holding part of it would wait for all of it anyway). For the MLP: fc3 and fc2
+  // reduce while fc1's backward runs, then fc1.
+  RT_CHECK(groups.empty() || groups.size() == params.size(), "groups for ", groups.size(), " of ",
+           params.size(), " parameters");
+  auto group = [&](size_t i) { return groups.empty() ? i : groups[i]; };
   const int64_t es = int64_t(dtype_size(cfg.wire));
   bucket_of_.resize(params.size());
   Bucket cur;
-  for (size_t i = params.size(); i-- > 0;) {
+  for (size_t hi = params.size(); hi > 0;) {
+    size_t lo = hi - 1;  // the group's parameters are [lo, hi)
+    while (lo > 0 && group(lo - 1) == group(hi - 1)) --lo;
+    int64_t count = 0;
+    for (size_t i = lo; i < hi; ++i) count += params[i].second;
     const int64_t cap =
         buckets_.empty() ? std::min(cfg.first_bucket_bytes, cfg.bucket_bytes) : cfg.bucket_bytes;
-    if (cur.params > 0 && (cur.count + params[i].second) * es > cap) {
+    if (cur.params > 0 && (cur.count + count) * es > cap) {
       buckets_.push_back(cur);
       cur = Bucket{};
     }
-    cur.offset = params[i].first;
-    cur.count += params[i].second;
-    cur.first_param = i;
-    ++cur.params;
-    bucket_of_[i] = buckets_.size();
+    cur.offset = params[lo].first;
+    cur.count += count;
+    cur.first_param = lo;
+    cur.params += hi - lo;
+    for (size_t i = lo; i < hi; ++i) bucket_of_[i] = buckets_.size();
+    hi = lo;
   }
   if (cur.params > 0) buckets_.push_back(cur);
   pending_.resize(buckets_.size());

@@ -38,9 +38,12 @@ struct Bucket {
 class GradReducer {
  public:
   // grad: the flat gradient buffer (any float dtype); params: (offset, count) of each
-  // parameter in it, in forward order. Collective (creates the stall board).
+  // parameter in it, in forward order; groups: the group (layer) of each parameter, whose
+  // gradients become ready together, so a bucket never splits one (empty: one group per
+  // parameter). Collective (creates the stall board).
   GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
-              const std::vector<std::pair<int64_t, int64_t>>& params);
+              const std::vector<std::pair<int64_t, int64_t>>& params,
+              const std::vector<size_t>& groups = {});
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

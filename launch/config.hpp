@@ -60,12 +60,6 @@ struct EvalConfig {
   DType precision = DType::f32;
   int threads = 0;
   std::string metrics;
-  std::string tensorboard;        // event-file directory (rank 0)
-  int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
-  bool check_numerics = false;    // find the first layer and rank with inf/nan
-  std::string progress = "auto";  // auto | bar | lines
-  std::string timeline;           // Chrome-trace file (written by rank 0)
-  std::string timeline_steps = "1:10";
 };
 
 struct ConvertConfig {

@@ -112,7 +112,8 @@ EventWriter::EventWriter(const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  path_ = cat(dir, "/events.out.tfevents.", int64_t(now_seconds()), ".", host);
+  // The pid keeps two runs that start in the same second apart.
+  path_ = cat(dir, "/events.out.tfevents.", int64_t(now_seconds()), ".", host, ".", getpid());
   file_ = std::fopen(path_.c_str(), "wb");
   RT_REQUIRE(file_, "--tensorboard '", dir, "': cannot create '", path_,
              "': ", std::strerror(errno));
@@ -148,9 +149,11 @@ void EventWriter::histogram(const std::string& tag, int64_t step, const float* v
   const auto& limits = default_limits();
   std::vector<double> counts(limits.size(), 0.0);
   double mn = INFINITY, mx = -INFINITY, sum = 0, sq = 0;
+  int64_t finite = 0;  // inf/nan are left out of every statistic
   for (int64_t i = 0; i < n; ++i) {
     const double x = values[i];
     if (!std::isfinite(x)) continue;
+    ++finite;
     mn = std::min(mn, x);
     mx = std::max(mx, x);
     sum += x;
@@ -166,9 +169,9 @@ void EventWriter::histogram(const std::string& tag, int64_t step, const float* v
     }
   std::string
       h;  // HistogramProto { min 1, max 2, num 3, sum 4, sum_squares 5, limits 6, counts 7 }
-  double_field(h, 1, n ? mn : 0);
-  double_field(h, 2, n ? mx : 0);
-  double_field(h, 3, double(n));
+  double_field(h, 1, finite ? mn : 0);
+  double_field(h, 2, finite ? mx : 0);
+  double_field(h, 3, double(finite));
   double_field(h, 4, sum);
   double_field(h, 5, sq);
   packed_doubles(h, 6, lim);

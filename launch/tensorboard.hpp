@@ -14,7 +14,7 @@ uint32_t crc32c(const void* data, size_t n);  // Castagnoli, as TFRecord uses
 
 class EventWriter {
  public:
-  // Creates DIR (if needed) and DIR/events.out.tfevents.<seconds>.<host>; input error if
+  // Creates DIR (if needed) and DIR/events.out.tfevents.<seconds>.<host>.<pid>; input error if
   // it cannot.
   explicit EventWriter(const std::string& dir);
   ~EventWriter();

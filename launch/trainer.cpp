@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -35,6 +36,7 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   agree(comm_, [&] { start_from(path); });
+  initial_scale_ = scaler_->scale();  // after a restore: "fallen by 2^10" counts from here
 }
 
 Trainer::~Trainer() = default;
@@ -61,6 +63,13 @@ void Trainer::say(const std::string& line) {
   if (bar_active_) std::cout << '\n';  // keep the progress bar's last state on its line
   bar_active_ = false;
   std::cout << line << std::endl;
+}
+
+void Trainer::warn(const char* kind, const std::string& message) {
+  if (comm_.rank() != 0) return;
+  if (bar_active_) std::cout << std::endl;  // the bar's line ends before the message
+  bar_active_ = false;
+  std::cerr << "ringtrain: " << kind << ": " << message << std::endl;
 }
 
 void Trainer::progress(const std::string& line, double fraction) {
@@ -124,6 +133,10 @@ void Trainer::setup() {
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
   progress_bar_ = cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
                                              !std::getenv("OMPI_COMM_WORLD_SIZE"));
+  if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
+    std::ofstream probe(cfg_.timeline);  // fail now, not after training
+    RT_REQUIRE(probe, "--timeline '", cfg_.timeline, "' cannot be created");
+  }
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
@@ -153,7 +166,12 @@ void Trainer::make_reducer() {
   }
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& p : model_->params()) ranges.push_back({p.offset, p.master.numel()});
-  reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges);
+  std::vector<size_t> layer_of(ranges.size());
+  for (size_t l = 0; l < model_->layer_params().size(); ++l) {
+    const auto [first, count] = model_->layer_params()[l];
+    for (size_t i = first; i < first + count; ++i) layer_of[i] = l;
+  }
+  reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
   model_->set_backward_hook([this](size_t l, const Tensor& dx) {
@@ -164,7 +182,6 @@ void Trainer::make_reducer() {
                    step_ + 1);
     last_mark_ = now;
   });
-  initial_scale_ = scaler_->scale();
 }
 
 Trainer::StepOutcome Trainer::step_once() {
@@ -220,8 +237,7 @@ Trainer::StepOutcome Trainer::step_once() {
 
   // --check-numerics: where the first inf/nan appeared (one small allreduce, all ranks).
   const std::string where = numerics_->agree(comm_);
-  if (!where.empty() && comm_.rank() == 0)
-    std::cerr << "ringtrain: numerics: " << where << std::endl;
+  if (!where.empty()) warn("numerics", where);
   if (!where.empty())
     metrics_.write(JsonLine().add("type", "numerics").add("step", step_ + 1).add("message", where));
   const bool apply = scaler_->update(nonfinite || !where.empty());  // same on all ranks
@@ -252,7 +268,7 @@ Trainer::StepOutcome Trainer::step_once() {
               scaler_->scale(), " at step ", step_ + 1, " and gradients still overflow",
               worst.empty() ? "" : cat("; most often in layer ", worst),
               "; the run is diverging (lower --lr, use bf16, or set --min-scale lower)");
-      if (comm_.rank() == 0) std::cerr << "ringtrain: warning: " << msg << std::endl;
+      warn("warning", msg);
       metrics_.write(JsonLine().add("type", "warning").add("step", step_ + 1).add("message", msg));
     }
   }

@@ -62,7 +62,8 @@ class Trainer {
   void make_reducer();
   void save_checkpoint();
   void run_eval();
-  void say(const std::string& line);  // rank 0, stdout, a line of its own
+  void say(const std::string& line);                        // rank 0, stdout, a line of its own
+  void warn(const char* kind, const std::string& message);  // rank 0, stderr
   // Rank 0's progress: a bar redrawn in place on a terminal, plain lines otherwise.
   void progress(const std::string& line, double fraction);
   bool bar_active_ = false, progress_bar_ = false;
