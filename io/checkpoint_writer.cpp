@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "io/checkpoint.hpp"
@@ -175,6 +176,9 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
   }  // collective close: the file is complete on every rank's side
   if (rank != 0) return 0;
+  // Test-only: die like a killed job after the data is written but before the rename.
+  if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
+    std::_Exit(9);
   fsync_path(tmp);
   std::error_code ec;
   fs::rename(tmp, final_path, ec);

@@ -65,10 +65,13 @@ void agree(comm::Communicator& comm, const std::function<void()>& fn) {
   comm.allreduce(v, 2, DType::i64, comm::ReduceOp::max);
   if (v[0] == 0) return;
   if (code && comm.size() - comm.rank() == v[1]) {
-    std::cerr << "ringtrain: error: " << message;
-    if (comm.size() > 1 && code == 2)
-      std::cerr << " [rank " << comm.rank() << " on " << hostname() << "]";
-    std::cerr << std::endl;
+    // One write per message: through mpirun, pieces of a line could interleave with stdout.
+    std::cerr << cat("ringtrain: error: ", message,
+                     comm.size() > 1 && code == 2
+                         ? cat(" [rank ", comm.rank(), " on ", hostname(), "]")
+                         : std::string(),
+                     "\n")
+              << std::flush;
   }
   throw JobExit{int(v[0])};
 }
@@ -77,9 +80,9 @@ void abort_job(int code, const std::string& message) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::cerr << "ringtrain: error: " << message;
-  if (size > 1) std::cerr << " [rank " << rank << " on " << hostname() << "]";
-  std::cerr << std::endl;
+  std::cerr << cat("ringtrain: error: ", message,
+                   size > 1 ? cat(" [rank ", rank, " on ", hostname(), "]") : std::string(), "\n")
+            << std::flush;
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

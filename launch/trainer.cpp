@@ -69,7 +69,7 @@ void Trainer::warn(const char* kind, const std::string& message) {
   if (comm_.rank() != 0) return;
   if (bar_active_) std::cout << std::endl;  // the bar's line ends before the message
   bar_active_ = false;
-  std::cerr << "ringtrain: " << kind << ": " << message << std::endl;
+  std::cerr << cat("ringtrain: ", kind, ": ", message, "\n") << std::flush;  // one write
 }
 
 void Trainer::progress(const std::string& line, double fraction) {

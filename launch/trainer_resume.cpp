@@ -63,8 +63,10 @@ std::string Trainer::choose_checkpoint() {
     }
     std::error_code ec;
     fs::rename(*it, *it + ".invalid", ec);
-    std::cerr << "ringtrain: warning: skipping checkpoint " << *it << ": " << why
-              << (ec ? "" : cat("; renamed to ", *it, ".invalid")) << std::endl;
+    // One write, so that the line never interleaves with stdout through mpirun.
+    std::cerr << cat("ringtrain: warning: skipping checkpoint ", *it, ": ", why,
+                     ec ? "" : cat("; renamed to ", *it, ".invalid"), "\n")
+              << std::flush;
   }
   return "";
 }

@@ -81,3 +81,17 @@ last=$(find "$d" -name 'ckpt-*.h5' | sort | tail -n 1)
 "$BIN" inspect "$last" | contains "valid: yes" || fail "newest checkpoint after kill is not valid: $out"
 grep -q "resumed from" <<<"$out" || fail "no resume after kill -9: $out"
 pass "after kill -9 the newest checkpoint is valid and the run resumes"
+
+# A job killed in the middle of a checkpoint write (test hook: rank 0 dies after writing
+# ckpt-000000010.h5.tmp, before the rename): the previous checkpoint stays valid and is the
+# one resumed; the partial .tmp is never taken for a checkpoint and the next save removes it.
+d=$dir/mid-write
+rc=0
+RINGTRAIN_TEST_DIE_BEFORE_RENAME=10 mpi 2 -x RINGTRAIN_TEST_DIE_BEFORE_RENAME "$BIN" train \
+  "${common[@]}" --steps 20 --checkpoint-every 5 --checkpoint-dir "$d" >/dev/null 2>&1 || rc=$?
+(( rc != 0 )) || fail "the job did not die in the checkpoint write"
+[[ -f $d/ckpt-000000010.h5.tmp && ! -f $d/ckpt-000000010.h5 ]] || fail "files after the kill: $(ls "$d")"
+out=$(mpi 2 "$BIN" train "${common[@]}" --steps 20 --checkpoint-every 5 --checkpoint-dir "$d")
+grep -q "resumed from .*ckpt-000000005.h5 at step 5" <<<"$out" || fail "did not resume at step 5: $out"
+[[ ! -e $d/ckpt-000000010.h5.tmp && -f $d/ckpt-000000020.h5 ]] || fail "after the rerun: $(ls "$d")"
+pass "killed mid-write: step 5 resumed, the partial file ignored and removed"
