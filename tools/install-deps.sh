@@ -10,7 +10,7 @@ if [[ "${1:-}" == "--help" ]]; then
 fi
 
 packages=(
-  build-essential cmake pkg-config python3
+  build-essential cmake pkg-config python3 procps
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev
