@@ -158,11 +158,22 @@ std::vector<std::string> CheckpointStore::list() const {
 }
 
 std::optional<std::string> CheckpointStore::latest_valid(
-    std::vector<std::pair<std::string, std::string>>* skipped) const {
+    std::vector<std::pair<std::string, std::string>>* skipped,
+    const std::vector<NamedTensor>& expected,
+    const std::function<void(const std::string&, const CheckpointMeta&)>& same_run) const {
   auto files = list();
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     std::string why;
-    if (validate_checkpoint(*it, &why)) return *it;
+    std::optional<CheckpointMeta> m;
+    try {
+      m = read_checkpoint_meta(*it);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (m) {
+      if (same_run) same_run(*it, *m);  // an intact file of another run: its error propagates
+      if (validate_checkpoint(*it, &why, expected)) return *it;
+    }
     if (skipped) skipped->push_back({*it, why});
   }
   return std::nullopt;

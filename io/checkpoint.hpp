@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,10 +70,14 @@ class CheckpointStore {
                 const std::vector<OptimizerState>& optimizer,
                 const std::vector<NamedTensor>& per_rank = {});
   std::vector<std::string> list() const;  // checkpoint files, oldest step first
-  // The newest file that validates; the newer ones skipped are listed as (file, what is
-  // wrong) in *skipped.
+  // The newest file that validates (and holds `expected`, full dataset paths); the newer
+  // ones skipped are listed as (file, what is wrong) in *skipped. same_run, if given, sees
+  // each intact file's metadata first and throws for a checkpoint of another run, which
+  // is an error rather than a file to skip.
   std::optional<std::string> latest_valid(
-      std::vector<std::pair<std::string, std::string>>* skipped) const;
+      std::vector<std::pair<std::string, std::string>>* skipped,
+      const std::vector<NamedTensor>& expected = {},
+      const std::function<void(const std::string&, const CheckpointMeta&)>& same_run = {}) const;
 
  private:
   void prune(const std::string& keep_this);

@@ -1,7 +1,6 @@
 // Epoch permutations, per-rank batch slices and the prefetch thread (see loader.hpp).
 #include "io/loader.hpp"
 
-#include <chrono>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -109,17 +108,14 @@ void Loader::produce() {
 const Batch& Loader::next() {
   started_ = true;
   if (prefetch_ == 0) {  // synchronous: read now into the one slot
-    const auto t0 = std::chrono::steady_clock::now();
     advance(next_epoch_, next_position_);
     fill(slots_[0], next_epoch_, next_position_);
-    last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     next_position_ += global_batch_;
     epoch_ = next_epoch_;
     position_ = next_position_;
     return slots_[0].batch;
   }
   if (!thread_.joinable()) thread_ = std::thread([this] { produce(); });
-  const auto t0 = std::chrono::steady_clock::now();
   Slot* slot;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -134,7 +130,6 @@ const Batch& Loader::next() {
     holding_ = true;
   }
   cv_.notify_all();
-  last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (slot->error) std::rethrow_exception(slot->error);
   epoch_ = slot->batch.epoch;
   position_ = slot->batch.position + global_batch_;

@@ -47,8 +47,6 @@ class Loader {
   // This rank's slice of the next global batch; a partial last batch of an epoch is
   // dropped and the next epoch begins. Valid until the next call.
   const Batch& next();
-  // Seconds the last next() waited for data (0 when the prefetch kept up).
-  double last_wait_seconds() const { return last_wait_; }
 
  private:
   struct Slot {
@@ -75,7 +73,6 @@ class Loader {
   size_t head_ = 0;       // the slot next() hands out next
   bool holding_ = false;  // the consumer holds the slot before head_
   bool started_ = false;
-  double last_wait_ = 0;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

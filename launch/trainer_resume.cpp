@@ -4,7 +4,6 @@
 // --global-batch-size says otherwise.
 #include <filesystem>
 #include <iostream>
-#include <optional>
 
 #include "launch/trainer.hpp"
 
@@ -33,41 +32,33 @@ std::string Trainer::choose_checkpoint() {
   if (!store_) return "";
   // Newest first. An intact checkpoint of another model belongs to another run: an error,
   // never silently skipped. A damaged one (checksums, truncation, missing or misshapen
-  // parameters) is renamed aside, never deleted, with a warning: it is not chosen again,
+  // datasets) is renamed aside, never deleted, with a warning: it is not chosen again,
   // and pruning by step number cannot prefer it over new checkpoints.
-  const auto files = store_->list();
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    std::string why;
-    std::optional<io::CheckpointMeta> m;
-    try {
-      m = io::read_checkpoint_meta(*it);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    if (m) {
-      RT_REQUIRE(m->model == model_->spec().to_json(), "checkpoint '", *it, "' holds model ",
-                 m->model, " but this run builds ", model_->spec().to_json(),
-                 "; use the same --model/--hidden/data, another --checkpoint-dir, or "
-                 "--resume never --overwrite");
-      RT_REQUIRE(m->optimizer == optimizer_->name(), "checkpoint '", *it,
-                 "' was trained with --optimizer ", m->optimizer, "; this run asks for ",
-                 optimizer_->name());
-      // Every dataset a resume reads must be there with its shape.
-      std::vector<io::NamedTensor> expected;
-      for (const auto& p : master_views(*model_))
-        expected.push_back({"params/" + p.name, p.tensor});
-      for (const auto& s : optimizer_views())
-        for (const auto& p : s.per_param)
-          expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor});
-      if (io::validate_checkpoint(*it, &why, expected)) return *it;
-    }
+  std::vector<io::NamedTensor> expected;  // every dataset a resume reads, with its shape
+  for (const auto& p : master_views(*model_)) expected.push_back({"params/" + p.name, p.tensor});
+  for (const auto& s : optimizer_views())
+    for (const auto& p : s.per_param)
+      expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor});
+  std::vector<std::pair<std::string, std::string>> skipped;
+  const auto latest = store_->latest_valid(
+      &skipped, expected, [&](const std::string& file, const io::CheckpointMeta& m) {
+        RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", file, "' holds model ",
+                   m.model, " but this run builds ", model_->spec().to_json(),
+                   "; use the same --model/--hidden/data, another --checkpoint-dir, or "
+                   "--resume never --overwrite");
+        RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", file,
+                   "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
+                   optimizer_->name());
+      });
+  for (const auto& [file, why] : skipped) {
     std::error_code ec;
-    fs::rename(*it, *it + ".invalid", ec);
+    fs::rename(file, file + ".invalid", ec);
     // One write, so that the line never interleaves with stdout through mpirun.
-    std::cerr << cat("ringtrain: warning: skipping checkpoint ", *it, ": ", why,
-                     ec ? "" : cat("; renamed to ", *it, ".invalid"), "\n")
+    std::cerr << cat("ringtrain: warning: skipping checkpoint ", file, ": ", why,
+                     ec ? "" : cat("; renamed to ", file, ".invalid"), "\n")
               << std::flush;
   }
+  if (latest) return *latest;
   return "";
 }
 
