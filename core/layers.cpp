@@ -23,7 +23,7 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
   x_ = Tensor(x.data, {n, in_}, x.dtype, x.device);
   Tensor& y = y_.ensure({n, out_}, out_dtype(ctx));
   ctx.backend.gemm(false, true, 1.f, x_, weight_->work, 0.f, y);
-  ctx.backend.bias_add(y, bias_->work);
+  ctx.backend.bias_add(y, bias_->work, kernels::Activation::none);
   return y;
 }
 

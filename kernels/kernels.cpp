@@ -31,6 +31,20 @@ const char* op_name(Op op) {
       return "sgd_step";
     case Op::adamw_step:
       return "adamw_step";
+    case Op::conv2d:
+      return "conv2d";
+    case Op::maxpool2d:
+      return "maxpool2d";
+    case Op::avgpool_global:
+      return "avgpool_global";
+    case Op::batchnorm:
+      return "batchnorm";
+    case Op::gelu:
+      return "gelu";
+    case Op::dropout:
+      return "dropout";
+    case Op::add:
+      return "add";
   }
   return "?";
 }

@@ -24,8 +24,57 @@ enum class Op {
   sum_squares,
   scale,
   sgd_step,
-  adamw_step
+  adamw_step,
+  conv2d,
+  maxpool2d,
+  avgpool_global,
+  batchnorm,
+  gelu,
+  dropout,
+  add
 };
+
+// An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
+enum class Activation { none, relu };
+
+// A 2-D convolution (cross-correlation, as in PyTorch): input [N, C, H, W], filters
+// [K, C, R, S], output [N, K, P, Q], one stride and one zero padding for both axes.
+struct ConvShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t k = 0, r = 0, s = 0;
+  int64_t stride = 1, pad = 0;
+  int64_t p() const { return (h + 2 * pad - r) / stride + 1; }
+  int64_t q() const { return (w + 2 * pad - s) / stride + 1; }
+};
+
+// Max pooling of input [N, C, H, W] with a square window; no padding; floor mode.
+struct PoolShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kernel = 2, stride = 2;
+  int64_t p() const { return (h - kernel) / stride + 1; }
+  int64_t q() const { return (w - kernel) / stride + 1; }
+};
+
+struct BatchNormConfig {
+  float momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
+  float eps = 1e-5f;
+};
+
+// The dropout mask: element i of the step's tensor is kept when
+// dropout_uniform(seed, i) >= p. Counter-based (no state), so every backend draws the same
+// mask and a resumed run draws the masks of the uninterrupted one.
+#if defined(__CUDACC__)
+#define RT_HOST_DEVICE __host__ __device__
+#else
+#define RT_HOST_DEVICE
+#endif
+RT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64 finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return float(uint32_t(z >> 40)) * (1.f / 16777216.f);  // 24 bits: [0, 1)
+}
 const char* op_name(Op op);
 
 struct XentResult {
@@ -59,8 +108,8 @@ class Backend {
                     float beta, const Tensor& c) = 0;
   // dst = src converted (any float dtype to any float dtype, same numel), nearest-even.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
-  // y[n, f] += bias[f], in place; the add in fp32, rounded once.
-  virtual void bias_add(const Tensor& y, const Tensor& bias) = 0;
+  // y[n, f] = act(y[n, f] + bias[f]), in place; in fp32, rounded once.
+  virtual void bias_add(const Tensor& y, const Tensor& bias, Activation act) = 0;
   // db[f] = sum over n of dy[n, f], accumulated in fp32.
   virtual void bias_grad(const Tensor& dy, const Tensor& db) = 0;
   virtual void relu(const Tensor& x, const Tensor& y) = 0;
@@ -83,6 +132,52 @@ class Backend {
                         const Tensor* momentum, const Tensor* work) = 0;
   virtual void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
                           const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) = 0;
+
+  // ---- convolutional layers. Activations in any float dtype, arithmetic in fp32, each
+  // result rounded once to its tensor's dtype.
+  // y = act(conv(x, w) + bias); bias [K] may be null.
+  virtual void conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
+                              const Tensor* bias, Activation act, const Tensor& y) = 0;
+  // dx = the gradient of the convolution's input (overwritten).
+  virtual void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                                    const Tensor& dx) = 0;
+  // dw (and db when given) = the gradients of the filters and bias (overwritten).
+  virtual void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                                      const Tensor& dw, const Tensor* db) = 0;
+  // y [N, C, P, Q] = window maxima; argmax (i32, same shape as y) = the winner's index
+  // h * W + w within its plane (the first one on ties).
+  virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                                 const Tensor& argmax) = 0;
+  // dx = dy routed to the argmax positions, zero elsewhere (overwritten).
+  virtual void maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                                  const Tensor& dx) = 0;
+  // y [N, C] = mean of x [N, C, H, W] over H and W; dx = dy / (H W) broadcast.
+  virtual void avgpool_global_forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void avgpool_global_backward(const Tensor& dy, const Tensor& dx) = 0;
+  // Batch normalisation of x [N, C, H, W] per channel. gamma, beta, the running averages and
+  // mean/invstd [C] are fp32. training: statistics of this batch (biased variance for the
+  // normalisation, unbiased for the running variance, which is updated with cfg.momentum);
+  // otherwise the running averages are used and left alone. mean/invstd receive the
+  // statistics used, for the backward pass.
+  virtual void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+                                 const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& y, const Tensor& mean, const Tensor& invstd) = 0;
+  // dx (x's dtype), dgamma and dbeta (fp32, overwritten), from the statistics of forward.
+  virtual void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
+                                  const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                                  const Tensor& dx, const Tensor& dgamma,
+                                  const Tensor& dbeta) = 0;
+  // The exact GELU, x * Phi(x) (erf form, PyTorch's default), and its gradient.
+  virtual void gelu(const Tensor& x, const Tensor& y) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  // y = x * keep / (1 - p), keep per dropout_uniform(seed, i) >= p; mask (u8) = keep.
+  virtual void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                               const Tensor& mask) = 0;
+  virtual void dropout_backward(const Tensor& dy, const Tensor& mask, float p,
+                                const Tensor& dx) = 0;
+  // y = a + b elementwise (the residual add); y may alias a or b.
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);

@@ -79,16 +79,20 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
   }
 }
 
-void CpuBackend::bias_add(const Tensor& y, const Tensor& bias) {
+void CpuBackend::bias_add(const Tensor& y, const Tensor& bias, Activation act) {
   const int64_t rows = y.dim(0), f = y.numel() / rows;
   RT_CHECK(bias.numel() == f, "bias of ", bias.numel(), " for rows of ", f);
   const float* pb = as_f32(bias, scratch_b_);
+  const bool relu = act == Activation::relu;
   dispatch_float(y.dtype, [&](auto Y) {
     using E = decltype(Y);
     auto* py = y.as<typename E::storage>();
 #pragma omp parallel for num_threads(threads_) if (y.numel() >= kParallelMin)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < f; ++j) py[r * f + j] = E::store(E::load(py[r * f + j]) + pb[j]);
+      for (int64_t j = 0; j < f; ++j) {
+        const float v = E::load(py[r * f + j]) + pb[j];
+        py[r * f + j] = E::store(relu && v < 0.f ? 0.f : v);  // nan stays nan
+      }
   });
 }
 

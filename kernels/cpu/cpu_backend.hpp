@@ -20,7 +20,7 @@ class CpuBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;
   void cast(const Tensor& src, const Tensor& dst) override;
-  void bias_add(const Tensor& y, const Tensor& bias) override;
+  void bias_add(const Tensor& y, const Tensor& bias, Activation act) override;
   void bias_grad(const Tensor& dy, const Tensor& db) override;
   void relu(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
@@ -35,12 +35,41 @@ class CpuBackend final : public Backend {
   void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) override;
 
+  // cpu_conv.cpp: convolution (im2col + GEMM) and pooling
+  void conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor* bias,
+                      Activation act, const Tensor& y) override;
+  void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                            const Tensor& dx) override;
+  void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                              const Tensor& dw, const Tensor* db) override;
+  void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                         const Tensor& argmax) override;
+  void maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                          const Tensor& dx) override;
+  void avgpool_global_forward(const Tensor& x, const Tensor& y) override;
+  void avgpool_global_backward(const Tensor& dy, const Tensor& dx) override;
+  // cpu_norm.cpp: batch norm, GELU, dropout, add
+  void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+                         const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const Tensor& y, const Tensor& mean,
+                         const Tensor& invstd) override;
+  void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta) override;
+  void gelu(const Tensor& x, const Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                       const Tensor& mask) override;
+  void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+
  private:
   // fp32 view of a tensor: the tensor itself when fp32, else a converted copy in `scratch`.
   const float* as_f32(const Tensor& t, std::vector<float>& scratch);
 
   int threads_ = 1;
   std::vector<float> scratch_a_, scratch_b_, scratch_c_;
+  std::vector<float> col_, out32_;  // convolution: im2col columns, fp32 results
 };
 
 }  // namespace ringtrain::kernels::cpu

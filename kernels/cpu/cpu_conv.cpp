@@ -1,0 +1,293 @@
+// CPU convolution and pooling. Convolution is im2col + OpenBLAS SGEMM per sample: the
+// columns of one sample ([C R S, P Q] in fp32) stay in cache while the GEMM consumes them,
+// and bias + activation + the rounding to the output dtype run as the GEMM's epilogue
+// while its result is still in cache. A 1x1, stride 1, unpadded convolution skips im2col.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/elem.hpp"
+
+namespace ringtrain::kernels::cpu {
+
+namespace {
+
+void check_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor& y) {
+  RT_CHECK(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
+               cs.stride > 0 && cs.pad >= 0 && cs.p() > 0 && cs.q() > 0,
+           "convolution shape is not valid: input [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w,
+           "], filter [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s, "], stride ", cs.stride,
+           ", padding ", cs.pad);
+  RT_CHECK(x.numel() == cs.n * cs.c * cs.h * cs.w, "convolution input has ", x.numel(),
+           " elements, expected ", cs.n * cs.c * cs.h * cs.w);
+  RT_CHECK(w.numel() == cs.k * cs.c * cs.r * cs.s, "convolution filter has ", w.numel(),
+           " elements, expected ", cs.k * cs.c * cs.r * cs.s);
+  RT_CHECK(y.numel() == cs.n * cs.k * cs.p() * cs.q(), "convolution output has ", y.numel(),
+           " elements, expected ", cs.n * cs.k * cs.p() * cs.q());
+}
+
+bool is_pointwise(const ConvShape& cs) {
+  return cs.r == 1 && cs.s == 1 && cs.stride == 1 && cs.pad == 0;
+}
+
+// col[(c R + r) S + s][p Q + q] = x[c][p stride - pad + r][q stride - pad + s], or 0 outside.
+void im2col(const ConvShape& cs, const float* x, float* col, int threads) {
+  const int64_t P = cs.p(), Q = cs.q(), H = cs.h, W = cs.w, rows = cs.c * cs.r * cs.s;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows * P * Q >= kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t c = row / (cs.r * cs.s), r = row / cs.s % cs.r, s = row % cs.s;
+    const float* plane = x + c * H * W;
+    float* out = col + row * P * Q;
+    // The q range whose input column lies inside [0, W).
+    const int64_t q_lo = std::clamp<int64_t>((cs.pad - s + cs.stride - 1) / cs.stride, 0, Q);
+    const int64_t q_hi = std::clamp<int64_t>((W - 1 + cs.pad - s) / cs.stride + 1, q_lo, Q);
+    for (int64_t p = 0; p < P; ++p, out += Q) {
+      const int64_t ih = p * cs.stride - cs.pad + r;
+      if (ih < 0 || ih >= H) {
+        std::fill(out, out + Q, 0.f);
+        continue;
+      }
+      const float* in = plane + ih * W - cs.pad + s;
+      std::fill(out, out + q_lo, 0.f);
+      if (cs.stride == 1) {
+        std::memcpy(out + q_lo, in + q_lo, size_t(q_hi - q_lo) * sizeof(float));
+      } else {
+        for (int64_t q = q_lo; q < q_hi; ++q) out[q] = in[q * cs.stride];
+      }
+      std::fill(out + q_hi, out + Q, 0.f);
+    }
+  }
+}
+
+// The adjoint of im2col: dx[c][ih][iw] += col[...] (dx zeroed by the caller). Rows that
+// write the same plane run on one thread, so there are no races.
+void col2im(const ConvShape& cs, const float* col, float* dx, int threads) {
+  const int64_t P = cs.p(), Q = cs.q(), H = cs.h, W = cs.w;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && cs.c > 1)
+  for (int64_t c = 0; c < cs.c; ++c) {
+    float* plane = dx + c * H * W;
+    for (int64_t r = 0; r < cs.r; ++r)
+      for (int64_t s = 0; s < cs.s; ++s) {
+        const float* in = col + ((c * cs.r + r) * cs.s + s) * P * Q;
+        const int64_t q_lo = std::clamp<int64_t>((cs.pad - s + cs.stride - 1) / cs.stride, 0, Q);
+        const int64_t q_hi = std::clamp<int64_t>((W - 1 + cs.pad - s) / cs.stride + 1, q_lo, Q);
+        for (int64_t p = 0; p < P; ++p, in += Q) {
+          const int64_t ih = p * cs.stride - cs.pad + r;
+          if (ih < 0 || ih >= H) continue;
+          float* out = plane + ih * W - cs.pad + s;
+          for (int64_t q = q_lo; q < q_hi; ++q) out[q * cs.stride] += in[q];
+        }
+      }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
+                                const Tensor* bias, Activation act, const Tensor& y) {
+  check_conv(cs, x, w, y);
+  const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
+  const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
+  const float* px = as_f32(x, scratch_a_);
+  const float* pw = as_f32(w, scratch_b_);
+  std::vector<float> b(size_t(K), 0.f);
+  if (bias) {
+    RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ",
+             K);
+    to_f32(bias->data, bias->dtype, b.data(), K, 1);
+  }
+  const bool pointwise = is_pointwise(cs);
+  if (!pointwise) col_.resize(size_t(CRS * PQ));
+  if (y.dtype != DType::f32) out32_.resize(size_t(out_n));
+  const bool relu = act == Activation::relu;
+  for (int64_t n = 0; n < cs.n; ++n) {
+    const float* cols = px + n * in_n;
+    if (!pointwise) {
+      im2col(cs, cols, col_.data(), threads_);
+      cols = col_.data();
+    }
+    float* out = y.dtype == DType::f32 ? y.as<float>() + n * out_n : out32_.data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(PQ), int(CRS), 1.f, pw,
+                int(CRS), cols, int(PQ), 0.f, out, int(PQ));
+    // Epilogue: bias, activation, one rounding into y's dtype.
+    dispatch_float(y.dtype, [&](auto Y) {
+      using E = decltype(Y);
+      auto* py = y.as<typename E::storage>() + n * out_n;
+#pragma omp parallel for num_threads(threads_) if (threads_ > 1 && out_n >= kParallelMin)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t i = k * PQ; i < (k + 1) * PQ; ++i) {
+          const float v = out[i] + b[size_t(k)];
+          py[i] = E::store(relu && v < 0.f ? 0.f : v);
+        }
+    });
+  }
+}
+
+void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                                      const Tensor& dx) {
+  check_conv(cs, dx, w, dy);
+  const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
+  const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
+  const float* pdy = as_f32(dy, scratch_a_);
+  const float* pw = as_f32(w, scratch_b_);
+  const bool pointwise = is_pointwise(cs);
+  if (!pointwise) col_.resize(size_t(CRS * PQ));
+  if (dx.dtype != DType::f32) out32_.resize(size_t(in_n));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    float* out = dx.dtype == DType::f32 ? dx.as<float>() + n * in_n : out32_.data();
+    // dcol[CRS, PQ] = W^T dy_n; for a pointwise convolution dcol is dx itself.
+    float* dcol = pointwise ? out : col_.data();
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(CRS), int(PQ), int(K), 1.f, pw,
+                int(CRS), pdy + n * out_n, int(PQ), 0.f, dcol, int(PQ));
+    if (!pointwise) {
+      std::fill(out, out + in_n, 0.f);
+      col2im(cs, dcol, out, threads_);
+    }
+    if (dx.dtype != DType::f32)
+      from_f32(out, static_cast<char*>(dx.data) + n * in_n * int64_t(dtype_size(dx.dtype)),
+               dx.dtype, in_n, threads_);
+  }
+}
+
+void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                                        const Tensor& dw, const Tensor* db) {
+  check_conv(cs, x, dw, dy);
+  const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
+  const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
+  const float* px = as_f32(x, scratch_a_);
+  const float* pdy = as_f32(dy, scratch_b_);
+  const bool pointwise = is_pointwise(cs);
+  if (!pointwise) col_.resize(size_t(CRS * PQ));
+  float* acc = dw.dtype == DType::f32 ? dw.as<float>() : (scratch_c_.resize(size_t(K * CRS)),
+                                                          scratch_c_.data());
+  for (int64_t n = 0; n < cs.n; ++n) {
+    const float* cols = px + n * in_n;
+    if (!pointwise) {
+      im2col(cs, cols, col_.data(), threads_);
+      cols = col_.data();
+    }
+    // dW[K, CRS] (+)= dy_n[K, PQ] col_n^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(K), int(CRS), int(PQ), 1.f,
+                pdy + n * out_n, int(PQ), cols, int(PQ), n ? 1.f : 0.f, acc, int(CRS));
+  }
+  if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
+  if (db) {
+    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
+             " elements, expected ", K);
+    std::vector<float> sum(size_t(K), 0.f);
+    for (int64_t n = 0; n < cs.n; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const float* row = pdy + n * out_n + k * PQ;
+        float s = 0.f;
+        for (int64_t i = 0; i < PQ; ++i) s += row[i];
+        sum[size_t(k)] += s;
+      }
+    from_f32(sum.data(), db->data, db->dtype, K, 1);
+  }
+}
+
+void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                                   const Tensor& argmax) {
+  const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
+  RT_CHECK(ps.kernel > 0 && ps.stride > 0 && P > 0 && Q > 0 &&
+               x.numel() == planes * ps.h * ps.w && y.numel() == planes * P * Q &&
+               argmax.numel() == y.numel() && argmax.dtype == DType::i32 && x.dtype == y.dtype,
+           "max pooling shapes do not match: x ", shape_str(x.shape), " y ", shape_str(y.shape),
+           " kernel ", ps.kernel, " stride ", ps.stride);
+  auto* pa = argmax.as<int32_t>();
+  dispatch_float(x.dtype, [&](auto X) {
+    using E = decltype(X);
+    const auto* px = x.as<typename E::storage>();
+    auto* py = y.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (threads_ > 1 && planes > 1)
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const auto* in = px + pl * ps.h * ps.w;
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          int64_t best = p * ps.stride * ps.w + q * ps.stride;
+          float bv = E::load(in[best]);
+          for (int64_t i = 0; i < ps.kernel; ++i)
+            for (int64_t j = 0; j < ps.kernel; ++j) {
+              const int64_t at = (p * ps.stride + i) * ps.w + q * ps.stride + j;
+              const float v = E::load(in[at]);
+              if (v > bv || (v != v && bv == bv)) {  // a nan wins, so it is not hidden
+                bv = v;
+                best = at;
+              }
+            }
+          const int64_t o = pl * P * Q + p * Q + q;
+          py[o] = in[best];
+          pa[o] = int32_t(best);
+        }
+    }
+  });
+}
+
+void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                                    const Tensor& dx) {
+  const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, planes = ps.n * ps.c;
+  RT_CHECK(dy.numel() == planes * PQ && argmax.numel() == dy.numel() &&
+               dx.numel() == planes * HW && dy.dtype == dx.dtype,
+           "max pooling gradient shapes do not match: dy ", shape_str(dy.shape), " dx ",
+           shape_str(dx.shape));
+  const auto* pa = argmax.as<int32_t>();
+  dispatch_float(dy.dtype, [&](auto D) {
+    using E = decltype(D);
+    const auto* pd = dy.as<typename E::storage>();
+    auto* px = dx.as<typename E::storage>();
+#pragma omp parallel num_threads(threads_) if (threads_ > 1 && planes > 1)
+    {
+      std::vector<float> acc(static_cast<size_t>(HW));
+#pragma omp for
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t o = pl * PQ; o < (pl + 1) * PQ; ++o) acc[size_t(pa[o])] += E::load(pd[o]);
+        for (int64_t i = 0; i < HW; ++i) px[pl * HW + i] = E::store(acc[size_t(i)]);
+      }
+    }
+  });
+}
+
+void CpuBackend::avgpool_global_forward(const Tensor& x, const Tensor& y) {
+  RT_CHECK(x.shape.size() == 4 && y.numel() == x.dim(0) * x.dim(1),
+           "global average pooling takes [N, C, H, W] into [N, C], got ", shape_str(x.shape),
+           " into ", shape_str(y.shape));
+  const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
+  dispatch_float(x.dtype, [&](auto X) {
+    using EX = decltype(X);
+    dispatch_float(y.dtype, [&](auto Y) {
+      using EY = decltype(Y);
+      const auto* px = x.as<typename EX::storage>();
+      auto* py = y.as<typename EY::storage>();
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        float s = 0.f;
+        for (int64_t i = 0; i < HW; ++i) s += EX::load(px[pl * HW + i]);
+        py[pl] = EY::store(s / float(HW));
+      }
+    });
+  });
+}
+
+void CpuBackend::avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
+  RT_CHECK(dx.shape.size() == 4 && dy.numel() == dx.dim(0) * dx.dim(1),
+           "global average pooling gradient of ", shape_str(dy.shape), " into ",
+           shape_str(dx.shape));
+  const int64_t planes = dx.dim(0) * dx.dim(1), HW = dx.dim(2) * dx.dim(3);
+  dispatch_float(dy.dtype, [&](auto D) {
+    using ED = decltype(D);
+    dispatch_float(dx.dtype, [&](auto X) {
+      using EX = decltype(X);
+      const auto* pd = dy.as<typename ED::storage>();
+      auto* px = dx.as<typename EX::storage>();
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        const auto v = EX::store(ED::load(pd[pl]) / float(HW));
+        std::fill(px + pl * HW, px + (pl + 1) * HW, v);
+      }
+    });
+  });
+}
+
+}  // namespace ringtrain::kernels::cpu
