@@ -72,7 +72,10 @@ int main(int argc, char** argv) {
     io::Dataset ds(data);
     const auto& info = ds.info();
     auto be = kernels::make_cpu_backend(1);
-    ModelSpec spec{"mlp", info.sample_shape, {512, 256}, info.num_classes};
+    ModelSpec spec;
+    spec.input = info.sample_shape;
+    spec.hidden = {512, 256};
+    spec.classes = info.num_classes;
     auto model = build_model(spec, DType::f32);
     model->init_parameters(1, *be);
     auto opt = make_optimizer(OptimizerConfig{}, model->num_params());

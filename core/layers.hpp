@@ -1,6 +1,9 @@
-// Layer: the unit a Model is built from, and the layers of the MLP (Linear, ReLU).
+// Layer: the unit a Model is built from, and the layers ringtrain's models are made of:
+// Linear, Conv2D (each with a fused activation), ReLU, GELU, MaxPool2D, GlobalAvgPool,
+// Flatten, Dropout, BatchNorm2D and Residual (a block whose output is body(x) + shortcut(x)).
 // A layer owns its activations; its parameters and gradients are views into the Model's
-// flat buffers (fp32 masters, compute-dtype working copy, compute-dtype gradients).
+// flat buffers (fp32 masters, compute-dtype working copy, compute-dtype gradients), its
+// non-trainable state (BatchNorm's running averages) views into the Model's fp32 buffers.
 #pragma once
 
 #include <memory>
@@ -12,17 +15,22 @@
 
 namespace ringtrain {
 
-// What a step runs with: the backend and the precision policy.
+// What a step runs with: the backend, the precision policy, and what makes this step's
+// dropout masks (a counter-based stream per rank, step and layer: no state to save).
 struct Context {
   kernels::Backend& backend;
   DType compute = DType::f32;  // working weights, activations, gradients
   bool training = true;
+  uint64_t dropout_seed = 0;  // mix of --seed, rank and step; layers mix in their name
 };
+
+enum class Init { fan_in_uniform, zeros, ones };
 
 struct ParamSpec {
   std::string name;  // within the layer: "weight", "bias"
   Shape shape;
-  int64_t fan_in = 1;  // init draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), like PyTorch
+  int64_t fan_in = 1;  // fan_in_uniform draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch)
+  Init init = Init::fan_in_uniform;
 };
 
 struct Param {
@@ -30,9 +38,19 @@ struct Param {
   Shape shape;
   int64_t offset = 0;  // in elements, into the flat buffers
   int64_t fan_in = 1;  // for the initialisation
-  Tensor master;       // fp32
-  Tensor work;         // compute dtype (aliases master in fp32)
-  Tensor grad;         // compute dtype
+  Init init = Init::fan_in_uniform;
+  Tensor master;  // fp32
+  Tensor work;    // compute dtype (aliases master in fp32)
+  Tensor grad;    // compute dtype
+};
+
+// Non-trainable fp32 state saved in checkpoints as /buffers/<layer>.<name>.
+struct StateBuffer {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;
+  Init init = Init::zeros;
+  Tensor value;  // fp32
 };
 
 class Layer {
@@ -41,34 +59,61 @@ class Layer {
   virtual ~Layer() = default;
   const std::string& name() const { return name_; }
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
-  // Called once the Model has laid out the flat buffers; params in param_specs() order.
+  virtual std::vector<ParamSpec> buffer_specs() const { return {}; }
+  // Called once the Model has laid out the flat buffers; in param_specs()/buffer_specs() order.
   virtual void bind(std::vector<Param*> params) {}
+  virtual void bind_buffers(std::vector<StateBuffer*> buffers) {}
+  // Layers inside this one (a residual block's), for lookups by name; "block.conv1".
+  virtual std::vector<Layer*> children() { return {}; }
+
   // Output dtype override (the precision policy keeps the last layer's output in fp32).
   void set_output_dtype(DType t) {
     out_override_ = t;
-    has_override_ = true;
+    has_out_override_ = true;
   }
+  // Per-layer precision override: this layer computes (weights, activations, gradients)
+  // in `t` whatever the model's compute dtype; inputs and gradients are cast at its edges.
+  virtual void set_dtype(DType t) {
+    dtype_ = t;
+    has_dtype_ = true;
+  }
+  bool has_dtype_override() const { return has_dtype_; }
   // The first layer need not compute the gradient of its input.
-  void set_needs_input_grad(bool yes) { needs_input_grad_ = yes; }
+  virtual void set_needs_input_grad(bool yes) { needs_input_grad_ = yes; }
 
   // The returned tensors stay valid until the next forward/backward of this layer.
   virtual const Tensor& forward(Context& ctx, const Tensor& x) = 0;
   virtual const Tensor& backward(Context& ctx, const Tensor& dy) = 0;
 
  protected:
-  DType out_dtype(const Context& ctx) const { return has_override_ ? out_override_ : ctx.compute; }
+  DType dtype(const Context& ctx) const { return has_dtype_ ? dtype_ : ctx.compute; }
+  DType out_dtype(const Context& ctx) const {
+    return has_out_override_ ? out_override_ : dtype(ctx);
+  }
+  // `t` in this layer's dtype: t itself, or a converted copy held in `scratch`.
+  const Tensor& in_dtype(Context& ctx, const Tensor& t, OwnedTensor& scratch) const;
+  // The weights this layer computes with: the working copy, the fp32 masters when the layer
+  // is kept in fp32, or a converted copy in `scratch` for another override.
+  Tensor weights(Context& ctx, const Param& p, OwnedTensor& scratch) const;
+  // Where this layer writes a parameter's gradient: the flat gradient itself when the dtypes
+  // agree, else `scratch`, which commit_grad() then converts into the flat gradient.
+  Tensor grad_target(Context& ctx, const Param& p, OwnedTensor& scratch) const;
+  void commit_grad(Context& ctx, const Param& p, const Tensor& target) const;
+
   bool needs_input_grad_ = true;
 
  private:
   std::string name_;
-  DType out_override_ = DType::f32;
-  bool has_override_ = false;
+  DType out_override_ = DType::f32, dtype_ = DType::f32;
+  bool has_out_override_ = false, has_dtype_ = false;
 };
 
-// y = x W^T + b, x viewed as [N, in_features] whatever its shape.
+// y = act(x W^T + b), x viewed as [N, in_features] whatever its shape.
 class Linear final : public Layer {
  public:
-  Linear(std::string name, int64_t in, int64_t out) : Layer(std::move(name)), in_(in), out_(out) {}
+  Linear(std::string name, int64_t in, int64_t out,
+         kernels::Activation act = kernels::Activation::none)
+      : Layer(std::move(name)), in_(in), out_(out), act_(act) {}
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -76,10 +121,35 @@ class Linear final : public Layer {
 
  private:
   int64_t in_, out_;
+  kernels::Activation act_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
-  Tensor x_;  // the input of the last forward, viewed 2-D
-  OwnedTensor y_, dx_;
+  Tensor x_;  // the input of the last forward, viewed 2-D, in this layer's dtype
+  Shape x_shape_;
+  OwnedTensor xin_, w_, y_, dy_, dx_, dw_;
+};
+
+// y = act(conv(x, W) + b) on [N, C, H, W]; square kernel, one stride and padding.
+class Conv2D final : public Layer {
+ public:
+  struct Options {
+    int64_t in_channels = 1, out_channels = 1, kernel = 3, stride = 1, padding = 0;
+    bool bias = true;
+    kernels::Activation act = kernels::Activation::none;
+  };
+  Conv2D(std::string name, Options o) : Layer(std::move(name)), o_(o) {}
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(std::vector<Param*> params) override;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  Options o_;
+  kernels::ConvShape cs_;
+  Param* weight_ = nullptr;
+  Param* bias_ = nullptr;
+  Tensor x_;
+  OwnedTensor xin_, w_, y_, dy_, dx_, dw_;
 };
 
 class ReLU final : public Layer {
@@ -89,6 +159,118 @@ class ReLU final : public Layer {
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
 
  private:
+  OwnedTensor xin_, y_, dx_;
+};
+
+// The exact (erf) GELU.
+class GELU final : public Layer {
+ public:
+  using Layer::Layer;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+  OwnedTensor xin_, y_, dx_;
+};
+
+class MaxPool2D final : public Layer {
+ public:
+  MaxPool2D(std::string name, int64_t kernel, int64_t stride)
+      : Layer(std::move(name)), kernel_(kernel), stride_(stride) {}
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  int64_t kernel_, stride_;
+  kernels::PoolShape ps_;
+  Shape x_shape_;
+  OwnedTensor xin_, y_, argmax_, dy_, dx_;
+};
+
+// [N, C, H, W] -> [N, C], the mean over H and W.
+class GlobalAvgPool final : public Layer {
+ public:
+  using Layer::Layer;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  Shape x_shape_;
+  OwnedTensor y_, dx_;
+};
+
+// [N, ...] -> [N, prod(...)]: a view, no copy.
+class Flatten final : public Layer {
+ public:
+  using Layer::Layer;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  Shape x_shape_;
+  Tensor y_, dx_;
+};
+
+// Inverted dropout: in training, each element is zeroed with probability p and the others
+// scaled by 1/(1-p); identity in evaluation. The mask of element i at a step is a pure
+// function of (--seed, rank, step, layer name, i), so a resumed run is bitwise identical.
+class Dropout final : public Layer {
+ public:
+  Dropout(std::string name, float p) : Layer(std::move(name)), p_(p) {}
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  float p_;
+  bool dropped_ = false;  // the last forward applied a mask
+  Tensor pass_;
+  OwnedTensor y_, mask_, dx_;
+};
+
+// Batch normalisation over N, H, W per channel. The statistics, the affine parameters
+// (weight = gamma, bias = beta) and the running averages are always fp32, whatever the
+// compute dtype; the input and output are in the layer's dtype.
+class BatchNorm2D final : public Layer {
+ public:
+  BatchNorm2D(std::string name, int64_t channels, kernels::BatchNormConfig cfg = {})
+      : Layer(std::move(name)), c_(channels), cfg_(cfg) {}
+  std::vector<ParamSpec> param_specs() const override;
+  std::vector<ParamSpec> buffer_specs() const override;
+  void bind(std::vector<Param*> params) override;
+  void bind_buffers(std::vector<StateBuffer*> buffers) override;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  int64_t c_;
+  kernels::BatchNormConfig cfg_;
+  Param* gamma_ = nullptr;
+  Param* beta_ = nullptr;
+  StateBuffer* running_mean_ = nullptr;
+  StateBuffer* running_var_ = nullptr;
+  bool training_ = true;
+  Tensor x_;
+  OwnedTensor xin_, y_, mean_, invstd_, dy_, dx_, dgamma_, dbeta_;
+};
+
+// y = body(x) + shortcut(x), where body and shortcut are layer sequences (an empty
+// shortcut is the identity). Its parameters are its layers' ("block.conv1.weight").
+class Residual final : public Layer {
+ public:
+  Residual(std::string name, std::vector<std::unique_ptr<Layer>> body,
+           std::vector<std::unique_ptr<Layer>> shortcut);
+  std::vector<ParamSpec> param_specs() const override;
+  std::vector<ParamSpec> buffer_specs() const override;
+  void bind(std::vector<Param*> params) override;
+  void bind_buffers(std::vector<StateBuffer*> buffers) override;
+  std::vector<Layer*> children() override;
+  void set_dtype(DType t) override;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  std::vector<std::unique_ptr<Layer>> body_, shortcut_;
   OwnedTensor y_, dx_;
 };
 

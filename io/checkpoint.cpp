@@ -76,6 +76,13 @@ void read_checkpoint_params(const std::string& path, const std::vector<NamedTens
     read_dataset(f, "params/" + p.name, p.tensor, cat("checkpoint '", path, "'"));
 }
 
+void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers) {
+  H5Lock lock;
+  H5Id f = open_file_readonly(path, "checkpoint");
+  for (const auto& b : buffers)
+    read_dataset(f, "buffers/" + b.name, b.tensor, cat("checkpoint '", path, "'"));
+}
+
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");

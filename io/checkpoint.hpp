@@ -48,6 +48,9 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // Fills each tensor from /params/<name> (or /optimizer/<name>/<state>), checking shapes.
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params);
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states);
+// Fills each tensor from /buffers/<name> (non-trainable state such as BatchNorm's running
+// averages), checking shapes.
+void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers);
 // Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums),
 // and that the file holds each of `expected` (full dataset paths, e.g. "params/fc1.weight")
 // as fp32 with its shape.
@@ -64,11 +67,13 @@ class CheckpointStore {
   // all open the file with parallel HDF5 (MPI-IO, collective metadata and transfers) and
   // each writes its share of whole chunks of every dataset, so replicated state is written
   // once, by all ranks together. `per_rank` holds this rank's row of datasets of shape
-  // [W, ...] ("rng/streams" -> /rng/streams), each rank writing its own row. With
-  // MPI_COMM_NULL the calling process writes alone (serial HDF5).
+  // [W, ...] ("rng/streams" -> /rng/streams), each rank writing its own row. `buffers`
+  // (replicated, like params) go to /buffers/<name>. With MPI_COMM_NULL the calling
+  // process writes alone (serial HDF5).
   uint64_t save(MPI_Comm comm, const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
                 const std::vector<OptimizerState>& optimizer,
-                const std::vector<NamedTensor>& per_rank = {});
+                const std::vector<NamedTensor>& per_rank = {},
+                const std::vector<NamedTensor>& buffers = {});
   std::vector<std::string> list() const;  // checkpoint files, oldest step first
   // The newest file that validates (and holds `expected`, full dataset paths); the newer
   // ones skipped are listed as (file, what is wrong) in *skipped. same_run, if given, sees

@@ -130,7 +130,8 @@ void ensure_parents(hid_t file, const std::string& path) {
 uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<NamedTensor>& params,
                                const std::vector<OptimizerState>& optimizer,
-                               const std::vector<NamedTensor>& per_rank) {
+                               const std::vector<NamedTensor>& per_rank,
+                               const std::vector<NamedTensor>& buffers) {
   H5Lock lock;
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
@@ -152,6 +153,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
     for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    if (!buffers.empty()) create_group(f, "buffers");
+    for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
     H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
     write_attr(og, "name", m.optimizer);
     write_attr(og, "step", m.optimizer_step);

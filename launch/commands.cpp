@@ -64,6 +64,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
                data->info().num_classes, " classes but the model predicts ", spec.classes);
     model = build_model(spec, cfg.precision);
     io::read_checkpoint_params(cfg.checkpoint, master_views(*model));
+    io::read_checkpoint_buffers(cfg.checkpoint, buffer_views(*model));
     model->refresh_working_copy(*backend);
   });
   EvalResult r;

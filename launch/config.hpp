@@ -18,6 +18,10 @@ struct TrainConfig {
   bool cache = false;  // keep the samples read in memory
   std::string model = "mlp";
   std::vector<int64_t> hidden = {512, 256};
+  double dropout = 0.25;            // cnn
+  int64_t depth = 1, width = 16;    // resnet
+  std::string activation = "relu";  // resnet
+  std::string layer_precision;      // "conv1=fp32,..."
   DType precision = DType::f32;
   int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
   bool batch_size_given = false;                  // --batch-size was explicit

@@ -89,8 +89,13 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", po::value(&c.prefetch)->default_value(2), "batches read ahead by the loader thread (0: none)")
       ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
-      ("model", po::value(&c.model)->default_value("mlp"), "model: mlp")
+      ("model", po::value(&c.model)->default_value("mlp"), "model: mlp | cnn | resnet")
       ("hidden", po::value(&hidden)->default_value("512,256"), "mlp hidden layer widths")
+      ("dropout", po::value(&c.dropout)->default_value(0.25), "cnn: dropout probability after the pooling")
+      ("depth", po::value(&c.depth)->default_value(1), "resnet: basic blocks per stage (3 stages: 6 depth + 2 layers)")
+      ("width", po::value(&c.width)->default_value(16), "resnet: channels of the first stage (then 2x, 4x)")
+      ("activation", po::value(&c.activation)->default_value("relu"), "resnet: relu | gelu")
+      ("layer-precision", po::value(&c.layer_precision), "per-layer compute dtype overrides, LAYER=DTYPE[,...] (e.g. conv1=fp32)")
       ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 (mixed: fp32 masters)")
       ("batch-size", po::value<int64_t>(), "samples per rank per step (default 64)")
       ("global-batch-size", po::value<int64_t>(), "samples per step over all ranks")
@@ -206,7 +211,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
                "RINGTRAIN_TEST_STALL='", t, "' is not RANK:STEP:SECONDS");
     c.test_stall_step = step;
   }
-  RT_REQUIRE(c.model == "mlp", "--model '", c.model, "' is not known; expected mlp");
+  RT_REQUIRE(c.model == "mlp" || c.model == "cnn" || c.model == "resnet", "--model '", c.model,
+             "' is not known; expected mlp, cnn or resnet");
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "core/rng.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
 #include "launch/signals.hpp"
@@ -45,6 +46,21 @@ std::vector<io::NamedTensor> master_views(Model& model) {
   std::vector<io::NamedTensor> views;
   for (auto& p : model.params()) views.push_back({p.name, p.master});
   return views;
+}
+
+std::vector<io::NamedTensor> buffer_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& b : model.buffers()) views.push_back({b.name, b.value});
+  return views;
+}
+
+void Trainer::sync_buffers() {
+  // Like PyTorch DDP's broadcast_buffers: the running averages of rank 0 are the model's.
+  // Each rank updates its own from its own batches; before they are used (evaluation) or
+  // saved, rank 0's replace the others', so checkpoints and evaluation do not depend on the
+  // rank count and a resumed run continues exactly.
+  if (model_->num_buffer_elems() > 0)
+    comm_.broadcast(model_->state().data, model_->num_buffer_elems(), DType::f32, 0);
 }
 
 std::vector<io::OptimizerState> Trainer::optimizer_views() const {
@@ -114,6 +130,11 @@ void Trainer::setup() {
   spec.input = info.sample_shape;
   spec.hidden = cfg_.hidden;
   spec.classes = info.num_classes;
+  spec.dropout = cfg_.dropout;
+  spec.depth = cfg_.depth;
+  spec.width = cfg_.width;
+  spec.activation = cfg_.activation;
+  spec.layer_precision = cfg_.layer_precision;
   model_ = build_model(spec, cfg_.precision);
   optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
   LossScalerConfig ls = cfg_.loss_scale;
@@ -196,7 +217,9 @@ Trainer::StepOutcome Trainer::step_once() {
   const auto t_data = Clock::now();
   if (tracing_) timeline_.span("data wait", "data", 0, t_start, t_data, step);
   epoch_ = batch.epoch;
-  Context ctx{*backend_, cfg_.precision, true};
+  Context ctx{*backend_, cfg_.precision, true,
+              mix_seed(mix_seed(cfg_.seed, hash_name("dropout")),
+                       uint64_t(step) * uint64_t(comm_.size()) + uint64_t(comm_.rank()))};
   const Tensor* x = &batch.x;
   if (cfg_.precision != DType::f32) {
     backend_->cast(batch.x, xc_.ensure(batch.x.shape, cfg_.precision));
@@ -310,7 +333,9 @@ void Trainer::save_checkpoint() {
     m.seed = int64_t(cfg_.seed);
     m.input_mean = mean_;
     m.input_std = std_;
-    const uint64_t bytes = store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views());
+    sync_buffers();
+    const uint64_t bytes = store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(),
+                                        {}, buffer_views(*model_));
     if (comm_.rank() != 0) return;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     metrics_.write(JsonLine()
@@ -328,6 +353,7 @@ void Trainer::save_checkpoint() {
 
 void Trainer::run_eval() {
   if (!val_) return;
+  sync_buffers();
   EvalResult r;
   agree(comm_, [&] {
     r = evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, loader_->local_batch()),

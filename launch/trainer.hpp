@@ -28,6 +28,7 @@ std::string duration_str(double seconds);
 
 // The fp32 masters as the checkpoint names them: one view per parameter.
 std::vector<io::NamedTensor> master_views(Model& model);
+std::vector<io::NamedTensor> buffer_views(Model& model);  // BatchNorm running averages etc.
 
 class Trainer {
  public:
@@ -62,6 +63,7 @@ class Trainer {
   void make_reducer();
   void save_checkpoint();
   void run_eval();
+  void sync_buffers();  // rank 0's non-trainable state (BatchNorm running averages) to all
   void say(const std::string& line);                        // rank 0, stdout, a line of its own
   void warn(const char* kind, const std::string& message);  // rank 0, stderr
   // Rank 0's progress: a bar redrawn in place on a terminal, plain lines otherwise.

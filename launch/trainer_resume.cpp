@@ -36,6 +36,7 @@ std::string Trainer::choose_checkpoint() {
   // and pruning by step number cannot prefer it over new checkpoints.
   std::vector<io::NamedTensor> expected;  // every dataset a resume reads, with its shape
   for (const auto& p : master_views(*model_)) expected.push_back({"params/" + p.name, p.tensor});
+  for (const auto& b : buffer_views(*model_)) expected.push_back({"buffers/" + b.name, b.tensor});
   for (const auto& s : optimizer_views())
     for (const auto& p : s.per_param)
       expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor});
@@ -79,6 +80,7 @@ void Trainer::start_from(const std::string& path) {
     make_loader(requested);
     if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
     comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
+    sync_buffers();
     model_->refresh_working_copy(*backend_);
     return;
   }
@@ -106,6 +108,7 @@ void Trainer::start_from(const std::string& path) {
   }
   make_loader(g);
   io::read_checkpoint_params(path, master_views(*model_));
+  io::read_checkpoint_buffers(path, buffer_views(*model_));
   io::read_checkpoint_optimizer(path, optimizer_views());
   optimizer_->set_steps(m.optimizer_step);
   // The loss scale belongs to the precision it was found in: another precision starts anew.

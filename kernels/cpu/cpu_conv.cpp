@@ -95,8 +95,7 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
   const float* pw = as_f32(w, scratch_b_);
   std::vector<float> b(size_t(K), 0.f);
   if (bias) {
-    RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ",
-             K);
+    RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ", K);
     to_f32(bias->data, bias->dtype, b.data(), K, 1);
   }
   const bool pointwise = is_pointwise(cs);
@@ -161,8 +160,8 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   const float* pdy = as_f32(dy, scratch_b_);
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
-  float* acc = dw.dtype == DType::f32 ? dw.as<float>() : (scratch_c_.resize(size_t(K * CRS)),
-                                                          scratch_c_.data());
+  float* acc = dw.dtype == DType::f32 ? dw.as<float>()
+                                      : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
   for (int64_t n = 0; n < cs.n; ++n) {
     const float* cols = px + n * in_n;
     if (!pointwise) {
@@ -192,9 +191,9 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
 void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                    const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
-  RT_CHECK(ps.kernel > 0 && ps.stride > 0 && P > 0 && Q > 0 &&
-               x.numel() == planes * ps.h * ps.w && y.numel() == planes * P * Q &&
-               argmax.numel() == y.numel() && argmax.dtype == DType::i32 && x.dtype == y.dtype,
+  RT_CHECK(ps.kernel > 0 && ps.stride > 0 && P > 0 && Q > 0 && x.numel() == planes * ps.h * ps.w &&
+               y.numel() == planes * P * Q && argmax.numel() == y.numel() &&
+               argmax.dtype == DType::i32 && x.dtype == y.dtype,
            "max pooling shapes do not match: x ", shape_str(x.shape), " y ", shape_str(y.shape),
            " kernel ", ps.kernel, " stride ", ps.stride);
   auto* pa = argmax.as<int32_t>();
@@ -229,8 +228,8 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
 void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
                                     const Tensor& dx) {
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, planes = ps.n * ps.c;
-  RT_CHECK(dy.numel() == planes * PQ && argmax.numel() == dy.numel() &&
-               dx.numel() == planes * HW && dy.dtype == dx.dtype,
+  RT_CHECK(dy.numel() == planes * PQ && argmax.numel() == dy.numel() && dx.numel() == planes * HW &&
+               dy.dtype == dx.dtype,
            "max pooling gradient shapes do not match: dy ", shape_str(dy.shape), " dx ",
            shape_str(dx.shape));
   const auto* pa = argmax.as<int32_t>();

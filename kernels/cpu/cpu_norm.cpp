@@ -204,8 +204,7 @@ void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, const 
   });
 }
 
-void CpuBackend::dropout_backward(const Tensor& dy, const Tensor& mask, float p,
-                                  const Tensor& dx) {
+void CpuBackend::dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
   RT_CHECK(dy.numel() == dx.numel() && mask.numel() == dy.numel() && dy.dtype == dx.dtype,
            "dropout gradient tensors do not match");
   const int64_t n = dy.numel();

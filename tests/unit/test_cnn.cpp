@@ -1,0 +1,563 @@
+// Unit tests of the convolutional layers (core/layers.hpp) on the CPU backend:
+//  - every layer's backward against central finite differences in fp32;
+//  - fp16/bf16 forward and backward against fp32 within a stated tolerance;
+//  - outputs and gradients against PyTorch on fixed inputs (tests/ref/layer_ref.h5, made by
+//    tests/ref/make_layer_ref.py with python3-torch; the test itself needs no PyTorch);
+//  - the fused ReLU, dropout's mask (rate, determinism), per-layer dtype overrides, and the
+//    cnn/resnet models' shapes and parameter names.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/layers.hpp"
+#include "core/model.hpp"
+#include "kernels/kernels.hpp"
+#include "test_util.hpp"
+
+namespace ringtrain {
+namespace {
+
+using kernels::Activation;
+using test::close;
+using test::uniform_floats;
+
+std::vector<float> copy_of(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (t.dtype) {
+      case DType::f32:
+        out[size_t(i)] = t.as<float>()[i];
+        break;
+      case DType::f16:
+        out[size_t(i)] = half_to_float(t.as<uint16_t>()[i]);
+        break;
+      case DType::bf16:
+        out[size_t(i)] = bf16_to_float(t.as<uint16_t>()[i]);
+        break;
+      default:
+        ADD_FAILURE() << "copy_of: not a float tensor";
+    }
+  }
+  return out;
+}
+
+double dot(const Tensor& y, const std::vector<float>& r) {
+  const auto v = copy_of(y);
+  double s = 0;
+  for (size_t i = 0; i < v.size(); ++i) s += double(v[i]) * r[i];
+  return s;
+}
+
+// max |a - b| / max |b|: the error of a whole tensor relative to its scale.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - b[i]));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return num / den;
+}
+
+// A one-layer Model: the flat parameter store for a layer under test. The Model makes its
+// first layer skip the input gradient and its last layer output fp32; the test wants the
+// input gradient and the compute dtype, so both are put back.
+struct OneLayer {
+  OneLayer(std::unique_ptr<Layer> layer, DType compute, uint64_t seed, kernels::Backend& backend) {
+    std::vector<std::unique_ptr<Layer>> layers;
+    layers.push_back(std::move(layer));
+    model = std::make_unique<Model>(ModelSpec{}, std::move(layers), compute);
+    model->layers()[0]->set_needs_input_grad(true);
+    model->layers()[0]->set_output_dtype(compute);
+    model->init_parameters(seed, backend);
+    // Random affine parameters too (BatchNorm initialises them to 1 and 0).
+    auto v = uniform_floats(size_t(model->num_params()), -1.f, 1.f, uint32_t(seed) + 7);
+    std::copy(v.begin(), v.end(), model->master().as<float>());
+    model->refresh_working_copy(backend);
+  }
+  Layer& layer() { return *model->layers()[0]; }
+  std::unique_ptr<Model> model;
+};
+
+constexpr double kRtol = 2e-2, kAtol = 2e-3;
+
+void check_fd(const std::string& what, float* v, const std::vector<float>& grad,
+              const std::function<double()>& loss, float eps) {
+  int failures = 0;
+  for (size_t i = 0; i < grad.size() && failures < 10; ++i) {
+    const float keep = v[i];
+    v[i] = keep + eps;
+    const double lp = loss();
+    v[i] = keep - eps;
+    const double lm = loss();
+    v[i] = keep;
+    const double fd = (lp - lm) / (double(keep + eps) - double(keep - eps));
+    if (!close(grad[i], fd, kRtol, kAtol)) {
+      ADD_FAILURE() << what << " at index " << i << ": backward gives " << grad[i]
+                    << ", finite difference " << fd;
+      ++failures;
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  std::function<std::unique_ptr<Layer>()> make;
+  Shape x;
+  float lo = -1.f, hi = 1.f;  // input range
+  bool distinct = false;      // inputs spaced apart (max pooling: no near-ties)
+};
+
+std::vector<float> make_input(const Case& c, uint32_t seed) {
+  const size_t n = size_t(shape_numel(c.x));
+  if (!c.distinct) return uniform_floats(n, c.lo, c.hi, seed);
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), 0.f);
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  for (auto& x : v) x = x * 0.05f - float(n) * 0.025f;  // 0.05 apart, centred
+  return v;
+}
+
+std::unique_ptr<Layer> conv(int64_t c, int64_t k, int64_t kern, int64_t stride, int64_t pad,
+                            bool bias, Activation act = Activation::none) {
+  return std::make_unique<Conv2D>("conv", Conv2D::Options{c, k, kern, stride, pad, bias, act});
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> cs;
+  cs.push_back({"conv3x3_s1_p1", [] { return conv(3, 4, 3, 1, 1, true); }, {2, 3, 6, 5}});
+  cs.push_back({"conv3x3_s2_p0", [] { return conv(2, 3, 3, 2, 0, true); }, {2, 2, 7, 8}});
+  cs.push_back({"conv1x1_s1", [] { return conv(4, 3, 1, 1, 0, false); }, {2, 4, 3, 3}});
+  cs.push_back({"conv1x1_s2", [] { return conv(3, 2, 1, 2, 0, false); }, {2, 3, 5, 5}});
+  cs.push_back({"conv5x5_s1_p2", [] { return conv(2, 2, 5, 1, 2, true); }, {1, 2, 6, 6}});
+  cs.push_back({"maxpool2",
+                [] { return std::make_unique<MaxPool2D>("pool", 2, 2); },
+                {2, 2, 6, 5},
+                -1.f,
+                1.f,
+                true});
+  cs.push_back({"maxpool3_s2",
+                [] { return std::make_unique<MaxPool2D>("pool", 3, 2); },
+                {1, 2, 7, 7},
+                -1.f,
+                1.f,
+                true});
+  cs.push_back({"avgpool", [] { return std::make_unique<GlobalAvgPool>("pool"); }, {3, 4, 3, 5}});
+  cs.push_back({"batchnorm", [] { return std::make_unique<BatchNorm2D>("bn", 3); }, {4, 3, 3, 3}});
+  cs.push_back({"gelu", [] { return std::make_unique<GELU>("gelu"); }, {4, 20}, -4.f, 4.f});
+  cs.push_back({"dropout", [] { return std::make_unique<Dropout>("drop", 0.3f); }, {4, 25}});
+  cs.push_back({"flatten", [] { return std::make_unique<Flatten>("flat"); }, {2, 3, 2, 2}});
+  cs.push_back({"residual",
+                [] {
+                  std::vector<std::unique_ptr<Layer>> body, shortcut;
+                  body.push_back(std::make_unique<Conv2D>(
+                      "conv1", Conv2D::Options{2, 3, 3, 2, 1, false, Activation::none}));
+                  body.push_back(std::make_unique<BatchNorm2D>("bn1", 3));
+                  body.push_back(std::make_unique<GELU>("act"));
+                  shortcut.push_back(std::make_unique<Conv2D>(
+                      "down", Conv2D::Options{2, 3, 1, 2, 0, false, Activation::none}));
+                  return std::make_unique<Residual>("block", std::move(body), std::move(shortcut));
+                },
+                {3, 2, 5, 5}});
+  cs.push_back({"residual_identity",
+                [] {
+                  std::vector<std::unique_ptr<Layer>> body;
+                  body.push_back(std::make_unique<Conv2D>(
+                      "conv1", Conv2D::Options{2, 2, 3, 1, 1, true, Activation::none}));
+                  body.push_back(std::make_unique<GELU>("act"));
+                  return std::make_unique<Residual>("block", std::move(body),
+                                                    std::vector<std::unique_ptr<Layer>>{});
+                },
+                {2, 2, 4, 4}});
+  return cs;
+}
+
+class LayerCase : public ::testing::TestWithParam<Case> {
+ protected:
+  std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+
+// ---- finite differences in fp32 ---------------------------------------------------------
+
+TEST_P(LayerCase, BackwardMatchesFiniteDifferences) {
+  const Case& c = GetParam();
+  OneLayer one(c.make(), DType::f32, 3, *backend);
+  Context ctx{*backend, DType::f32, true, 1234};
+  auto xv = make_input(c, 5);
+  Tensor x(xv.data(), c.x, DType::f32);
+  const Tensor& y0 = one.layer().forward(ctx, x);
+  const auto r = uniform_floats(size_t(y0.numel()), -1.f, 1.f, 6);
+  std::vector<float> rv = r;
+  const Tensor& dx_t = one.layer().backward(ctx, Tensor(rv.data(), y0.shape, DType::f32));
+  ASSERT_EQ(dx_t.shape, c.x);
+  const auto dx = copy_of(dx_t);
+  const auto grads = copy_of(one.model->grad());
+  auto loss = [&] { return dot(one.layer().forward(ctx, x), r); };
+  const float eps = c.distinct ? 1e-2f : 1e-2f;
+  check_fd("d input", xv.data(), dx, loss, eps);
+  if (one.model->num_params() > 0) {
+    // Parameters are perturbed in the fp32 masters, which fp32 layers use directly.
+    check_fd("d params", one.model->master().as<float>(), grads, loss, eps);
+  }
+}
+
+// ---- fp16 / bf16 against fp32 ------------------------------------------------------------
+
+// Tolerances relative to each tensor's largest magnitude: an fp16 value carries 11
+// significant bits (unit roundoff 4.9e-4), bf16 8 (3.9e-3); a layer rounds its input, its
+// weights and its output, and sums of up to ~100 terms in fp32 add little. So 4 and 8 unit
+// roundoffs, with room for the input rounding being amplified by BatchNorm's 1/std.
+double tolerance(DType t) { return t == DType::f16 ? 4e-3 : 3e-2; }
+
+class LayerLowPrecision : public ::testing::TestWithParam<std::tuple<Case, DType>> {
+ protected:
+  std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+};
+
+TEST_P(LayerLowPrecision, ForwardAndBackwardCloseToFp32) {
+  const auto& [c, dt] = GetParam();
+  OneLayer ref(c.make(), DType::f32, 3, *backend), low(c.make(), dt, 3, *backend);
+  Context cref{*backend, DType::f32, true, 99}, clow{*backend, dt, true, 99};
+  const auto xv = make_input(c, 5);
+  // The fp32 reference sees the same (rounded) input as the low-precision layer.
+  std::vector<uint16_t> x16(xv.size());
+  std::vector<float> xr(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    x16[i] = dt == DType::f16 ? float_to_half(xv[i]) : float_to_bf16(xv[i]);
+    xr[i] = dt == DType::f16 ? half_to_float(x16[i]) : bf16_to_float(x16[i]);
+  }
+  const auto yr = copy_of(ref.layer().forward(cref, Tensor(xr.data(), c.x, DType::f32)));
+  const Tensor& yl_t = low.layer().forward(clow, Tensor(x16.data(), c.x, dt));
+  EXPECT_EQ(yl_t.dtype, dt);
+  const auto yl = copy_of(yl_t);
+  EXPECT_LE(rel_err(yl, yr), tolerance(dt)) << "forward";
+
+  auto r = uniform_floats(yr.size(), -1.f, 1.f, 6);
+  std::vector<uint16_t> r16(r.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    r16[i] = dt == DType::f16 ? float_to_half(r[i]) : float_to_bf16(r[i]);
+    r[i] = dt == DType::f16 ? half_to_float(r16[i]) : bf16_to_float(r16[i]);
+  }
+  const Shape ys = yl_t.shape;
+  const auto dxr = copy_of(ref.layer().backward(cref, Tensor(r.data(), ys, DType::f32)));
+  const auto dxl = copy_of(low.layer().backward(clow, Tensor(r16.data(), ys, dt)));
+  EXPECT_LE(rel_err(dxl, dxr), tolerance(dt)) << "input gradient";
+  for (size_t p = 0; p < ref.model->params().size(); ++p) {
+    const auto gr = copy_of(ref.model->params()[p].grad);
+    const auto gl = copy_of(low.model->params()[p].grad);
+    EXPECT_LE(rel_err(gl, gr), tolerance(dt)) << ref.model->params()[p].name << " gradient";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, LayerCase, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Layers, LayerLowPrecision,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(DType::f16, DType::bf16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
+
+// ---- against PyTorch (tests/ref/layer_ref.h5) --------------------------------------------
+
+class TorchRef : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = std::string(RINGTRAIN_SOURCE_DIR) + "/tests/ref/layer_ref.h5";
+    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(file_, 0) << "cannot open " << path;
+  }
+  void TearDown() override {
+    if (file_ >= 0) H5Fclose(file_);
+  }
+  std::vector<float> read(const std::string& name, Shape* shape = nullptr) {
+    hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
+    EXPECT_GE(ds, 0) << "no dataset " << name;
+    if (ds < 0) return {};
+    hid_t sp = H5Dget_space(ds);
+    const int rank = H5Sget_simple_extent_ndims(sp);
+    std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
+    H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+    Shape s(dims.begin(), dims.end());
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Sclose(sp);
+    H5Dclose(ds);
+    if (shape) *shape = s;
+    return v;
+  }
+  int64_t attr(const std::string& group, const char* name) {
+    int64_t v = 0;
+    H5Aread_by_name_helper(group, name, &v);
+    return v;
+  }
+  void H5Aread_by_name_helper(const std::string& group, const char* name, int64_t* v) {
+    hid_t a = H5Aopen_by_name(file_, group.c_str(), name, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(a, 0) << group << " has no attribute " << name;
+    H5Aread(a, H5T_NATIVE_INT64, v);
+    H5Aclose(a);
+  }
+  // Fills every parameter of `model` named like the datasets under `group`.
+  void load_params(Model& model, const std::string& group) {
+    for (Param& p : model.params()) {
+      Shape s;
+      const auto v = read(group + "/" + p.name, &s);
+      ASSERT_EQ(s, p.shape) << p.name;
+      std::copy(v.begin(), v.end(), p.master.as<float>());
+    }
+  }
+  // Runs a one-layer model on the group's x and dy; checks y, dx and the named gradients.
+  void check_layer(const std::string& g, OneLayer& one, Context& ctx,
+                   const std::vector<std::pair<std::string, std::string>>& grads,
+                   double tol = 1e-5) {
+    Shape xs, dys;
+    auto x = read(g + "/x", &xs);
+    auto dy = read(g + "/dy", &dys);
+    const Tensor& y = one.layer().forward(ctx, Tensor(x.data(), xs, DType::f32));
+    Shape ys;
+    const auto want_y = read(g + "/y", &ys);
+    ASSERT_EQ(y.numel(), shape_numel(ys)) << g;
+    EXPECT_LE(rel_err(copy_of(y), want_y), tol) << g << " y";
+    const Tensor& dx = one.layer().backward(ctx, Tensor(dy.data(), dys, DType::f32));
+    EXPECT_LE(rel_err(copy_of(dx), read(g + "/dx")), tol) << g << " dx";
+    for (const auto& [param, ds] : grads) {
+      const Param* p = nullptr;
+      for (const Param& q : one.model->params())
+        if (q.name == param) p = &q;
+      ASSERT_NE(p, nullptr) << param;
+      EXPECT_LE(rel_err(copy_of(p->grad), read(g + "/" + ds)), tol) << g << " " << ds;
+    }
+  }
+  std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+  Context ctx{*backend, DType::f32, true, 0};
+  hid_t file_ = -1;
+};
+
+TEST_F(TorchRef, Convolutions) {
+  for (const std::string g : {"conv_s1p1", "conv_s2p0", "conv_1x1_s2"}) {
+    SCOPED_TRACE(g);
+    Shape ws;
+    const auto w = read(g + "/weight", &ws);
+    const bool bias = attr(g, "has_bias") != 0;
+    OneLayer one(std::make_unique<Conv2D>(
+                     "conv", Conv2D::Options{ws[1], ws[0], ws[2], attr(g, "stride"),
+                                             attr(g, "padding"), bias, Activation::none}),
+                 DType::f32, 1, *backend);
+    std::copy(w.begin(), w.end(), one.model->params()[0].master.as<float>());
+    if (bias) {
+      const auto b = read(g + "/bias");
+      std::copy(b.begin(), b.end(), one.model->params()[1].master.as<float>());
+    }
+    std::vector<std::pair<std::string, std::string>> grads = {{"conv.weight", "dweight"}};
+    if (bias) grads.push_back({"conv.bias", "dbias"});
+    check_layer(g, one, ctx, grads);
+  }
+}
+
+TEST_F(TorchRef, Pooling) {
+  OneLayer mp(std::make_unique<MaxPool2D>("pool", 2, 2), DType::f32, 1, *backend);
+  check_layer("maxpool2", mp, ctx, {});
+  OneLayer ap(std::make_unique<GlobalAvgPool>("pool"), DType::f32, 1, *backend);
+  check_layer("avgpool_global", ap, ctx, {});
+}
+
+TEST_F(TorchRef, Gelu) {
+  OneLayer one(std::make_unique<GELU>("gelu"), DType::f32, 1, *backend);
+  check_layer("gelu", one, ctx, {}, 2e-6);
+}
+
+TEST_F(TorchRef, BatchNormTrainAndEval) {
+  for (const bool training : {true, false}) {
+    const std::string g = training ? "batchnorm_train" : "batchnorm_eval";
+    SCOPED_TRACE(g);
+    OneLayer one(std::make_unique<BatchNorm2D>("bn", 3), DType::f32, 1, *backend);
+    auto set = [&](const Tensor& t, const std::string& ds) {
+      const auto v = read(g + "/" + ds);
+      ASSERT_EQ(int64_t(v.size()), t.numel());
+      std::copy(v.begin(), v.end(), t.as<float>());
+    };
+    set(one.model->params()[0].master, "weight");
+    set(one.model->params()[1].master, "bias");
+    set(one.model->buffers()[0].value, "running_mean");
+    set(one.model->buffers()[1].value, "running_var");
+    Context c{*backend, DType::f32, training, 0};
+    check_layer(g, one, c, {{"bn.weight", "dweight"}, {"bn.bias", "dbias"}}, 2e-5);
+    if (training) {
+      EXPECT_LE(rel_err(copy_of(one.model->buffers()[0].value), read(g + "/running_mean_out")),
+                1e-6);
+      EXPECT_LE(rel_err(copy_of(one.model->buffers()[1].value), read(g + "/running_var_out")),
+                1e-6);
+    }
+  }
+}
+
+// The whole CNN (dropout off) against PyTorch: logits, loss and every parameter gradient.
+TEST_F(TorchRef, CnnModel) {
+  ModelSpec spec;
+  spec.name = "cnn";
+  spec.input = {1, 28, 28};
+  spec.classes = 10;
+  spec.dropout = 0;
+  auto model = build_model(spec, DType::f32);
+  load_params(*model, "cnn/params");
+  model->refresh_working_copy(*backend);
+  Shape xs;
+  auto x = read("cnn/x", &xs);
+  hid_t ds = H5Dopen2(file_, "cnn/labels", H5P_DEFAULT);
+  std::vector<int32_t> labels(static_cast<size_t>(xs[0]));
+  H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
+  H5Dclose(ds);
+  const Tensor& logits = model->forward(ctx, Tensor(x.data(), xs, DType::f32));
+  EXPECT_LE(rel_err(copy_of(logits), read("cnn/logits")), 1e-5);
+  std::vector<float> dl(static_cast<size_t>(logits.numel()));
+  Tensor dlogits(dl.data(), logits.shape, DType::f32);
+  const auto xent =
+      backend->softmax_xent(logits, Tensor(labels.data(), {xs[0]}, DType::i32), 1.f, &dlogits);
+  EXPECT_NEAR(xent.loss_sum / double(xs[0]), read("cnn/loss")[0], 1e-5);
+  model->backward(ctx, dlogits);
+  for (const Param& p : model->params())
+    EXPECT_LE(rel_err(copy_of(p.grad), read("cnn/grads/" + p.name)), 1e-4) << p.name;
+}
+
+// ---- fused activation, dropout, overrides, models ---------------------------------------
+
+// Conv2D with the fused ReLU equals Conv2D followed by a ReLU layer, forward and backward.
+TEST(FusedActivation, ConvReluEqualsSeparateLayers) {
+  auto be = kernels::make_cpu_backend(1);
+  Context ctx{*be, DType::f32, true, 0};
+  OneLayer fused(conv(3, 4, 3, 1, 1, true, Activation::relu), DType::f32, 3, *be);
+  OneLayer plain(conv(3, 4, 3, 1, 1, true), DType::f32, 3, *be);
+  ReLU relu("relu");
+  auto xv = uniform_floats(2 * 3 * 5 * 5, -1.f, 1.f, 8);
+  Tensor x(xv.data(), {2, 3, 5, 5}, DType::f32);
+  const auto yf = copy_of(fused.layer().forward(ctx, x));
+  const auto yp = copy_of(relu.forward(ctx, plain.layer().forward(ctx, x)));
+  ASSERT_EQ(yf, yp);
+  auto r = uniform_floats(yf.size(), -1.f, 1.f, 9);
+  Tensor dy(r.data(), {2, 4, 5, 5}, DType::f32);
+  const auto dxf = copy_of(fused.layer().backward(ctx, dy));
+  const auto dxp = copy_of(plain.layer().backward(ctx, relu.backward(ctx, dy)));
+  EXPECT_EQ(dxf, dxp);
+  EXPECT_EQ(copy_of(fused.model->grad()), copy_of(plain.model->grad()));
+}
+
+TEST(DropoutMask, RateDeterminismAndStreams) {
+  auto be = kernels::make_cpu_backend(1);
+  constexpr int64_t n = 200000;
+  constexpr float p = 0.25f;
+  std::vector<float> x(n, 1.f), y(n);
+  std::vector<uint8_t> m1(n), m2(n), m3(n);
+  Tensor xt(x.data(), {n}, DType::f32), yt(y.data(), {n}, DType::f32);
+  be->dropout_forward(xt, p, 77, yt, Tensor(m1.data(), {n}, DType::u8));
+  const double kept = std::accumulate(m1.begin(), m1.end(), 0.0) / n;
+  // Binomial: the kept share within 5 standard deviations of 1 - p.
+  EXPECT_NEAR(kept, 1.0 - p, 5 * std::sqrt(p * (1 - p) / n));
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(y[size_t(i)], m1[size_t(i)] ? 1.f / (1.f - p) : 0.f) << "at " << i;
+  be->dropout_forward(xt, p, 77, yt, Tensor(m2.data(), {n}, DType::u8));
+  EXPECT_EQ(m1, m2) << "the same seed must give the same mask";
+  be->dropout_forward(xt, p, 78, yt, Tensor(m3.data(), {n}, DType::u8));
+  const double same = double(std::inner_product(m1.begin(), m1.end(), m3.begin(), int64_t(0),
+                                                std::plus<>(), std::equal_to<>())) /
+                      n;
+  // Independent masks agree with probability p^2 + (1-p)^2 = 0.625.
+  EXPECT_NEAR(same, p * p + (1 - p) * (1 - p), 0.01) << "another seed must give another mask";
+  // Evaluation is the identity.
+  Dropout d("drop", p);
+  Context eval{*be, DType::f32, false, 77};
+  EXPECT_EQ(d.forward(eval, xt).data, xt.data);
+}
+
+TEST(LayerPrecision, OverrideKeepsALayerInFp32) {
+  auto be = kernels::make_cpu_backend(1);
+  ModelSpec spec;
+  spec.name = "cnn";
+  spec.input = {1, 12, 12};
+  spec.classes = 10;
+  spec.layer_precision = "conv2=fp32";
+  auto model = build_model(spec, DType::bf16);
+  model->init_parameters(1, *be);
+  Context ctx{*be, DType::bf16, true, 5};
+  auto xv = uniform_floats(2 * 144, -1.f, 1.f, 3);
+  std::vector<uint16_t> x16;
+  for (float v : xv) x16.push_back(float_to_bf16(v));
+  std::vector<DType> out;
+  model->forward(ctx, Tensor(x16.data(), {2, 1, 12, 12}, DType::bf16),
+                 [&](size_t, const Tensor& y) { out.push_back(y.dtype); });
+  ASSERT_EQ(out.size(), model->layers().size());
+  EXPECT_EQ(out[0], DType::bf16);  // conv1
+  EXPECT_EQ(out[1], DType::f32);   // conv2, kept in fp32
+  EXPECT_EQ(out[2], DType::bf16);  // the next layer computes in bf16 again
+  EXPECT_EQ(out.back(), DType::f32);
+  std::vector<float> dl(20, 0.01f);
+  model->backward(ctx, Tensor(dl.data(), {2, 10}, DType::f32));  // runs through the casts
+  EXPECT_TRUE(test::throws_kind(
+      [&] {
+        spec.layer_precision = "conv9=fp32";
+        build_model(spec, DType::bf16);
+      },
+      ErrorKind::input));
+  EXPECT_TRUE(test::throws_kind(
+      [&] {
+        spec.layer_precision = "conv1=fp8";
+        build_model(spec, DType::bf16);
+      },
+      ErrorKind::input));
+}
+
+TEST(Models, CnnAndResnetShapesAndNames) {
+  auto be = kernels::make_cpu_backend(1);
+  ModelSpec cnn;
+  cnn.name = "cnn";
+  cnn.input = {1, 28, 28};
+  cnn.classes = 10;
+  auto m = build_model(cnn, DType::f32);
+  EXPECT_EQ(m->num_params(), 32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 1280 + 10);
+  EXPECT_EQ(m->params()[0].name, "conv1.weight");
+  EXPECT_EQ(m->params()[0].shape, (Shape{32, 1, 3, 3}));
+  EXPECT_EQ(ModelSpec::from_json(cnn.to_json()).to_json(), cnn.to_json());
+
+  ModelSpec rn;
+  rn.name = "resnet";
+  rn.input = {3, 32, 32};
+  rn.classes = 10;
+  rn.depth = 2;
+  rn.width = 8;
+  auto r = build_model(rn, DType::f32);
+  r->init_parameters(1, *be);
+  // 6 depth + 2 = 14 weighted layers; BatchNorm running averages as buffers.
+  int convs = 0, bns = 0;
+  for (const Param& p : r->params()) {
+    convs += p.shape.size() == 4 && p.shape[2] == 3;
+    bns += p.name.find("bn.weight") != std::string::npos ||
+           p.name.find("bn1.weight") != std::string::npos ||
+           p.name.find("bn2.weight") != std::string::npos;
+  }
+  EXPECT_EQ(convs, 1 + 3 * 2 * 2);
+  EXPECT_EQ(r->buffers().size(), size_t(2 * (bns)));
+  EXPECT_NE(r->find_layer("stage2.block1.down.conv"), nullptr);
+  EXPECT_EQ(r->buffers()[1].name, "stem.bn.running_var");
+  EXPECT_EQ(r->buffers()[1].value.as<float>()[0], 1.f);
+  auto xv = uniform_floats(2 * 3 * 32 * 32, -1.f, 1.f, 4);
+  Context ctx{*be, DType::f32, true, 0};
+  const Tensor& logits = r->forward(ctx, Tensor(xv.data(), {2, 3, 32, 32}, DType::f32));
+  EXPECT_EQ(logits.shape, (Shape{2, 10}));
+  EXPECT_EQ(ModelSpec::from_json(rn.to_json()).to_json(), rn.to_json());
+  // Bad options are input errors, not crashes.
+  rn.depth = 0;
+  EXPECT_TRUE(test::throws_kind([&] { build_model(rn, DType::f32); }, ErrorKind::input));
+  cnn.input = {784};
+  EXPECT_TRUE(test::throws_kind([&] { build_model(cnn, DType::f32); }, ErrorKind::input));
+}
+
+}  // namespace
+}  // namespace ringtrain
