@@ -1,4 +1,5 @@
-// Buffer allocation (CPU; device allocators arrive with their backends) and shape printing.
+// Buffer allocation (CPU here; device memory through the hooks a device backend installs),
+// the default-device and allocation-label scopes, and shape printing.
 #include "core/tensor.hpp"
 
 #include <cstdlib>
@@ -14,8 +15,52 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+namespace {
+const DeviceMemoryHooks* g_hooks = nullptr;
+thread_local Device t_default_device{};
+thread_local std::string t_alloc_scope;
+}  // namespace
+
+void set_device_memory_hooks(const DeviceMemoryHooks* hooks) { g_hooks = hooks; }
+const DeviceMemoryHooks* device_memory_hooks() { return g_hooks; }
+
+Device default_device() { return t_default_device; }
+DeviceScope::DeviceScope(Device d) : prev_(t_default_device) { t_default_device = d; }
+DeviceScope::~DeviceScope() { t_default_device = prev_; }
+
+AllocScope::AllocScope(std::string what) : prev_(std::move(t_alloc_scope)) {
+  t_alloc_scope = std::move(what);
+}
+AllocScope::~AllocScope() { t_alloc_scope = std::move(prev_); }
+const std::string& AllocScope::current() { return t_alloc_scope; }
+
+namespace {
+const DeviceMemoryHooks& hooks_for(Device d) {
+  if (!g_hooks)
+    throw_input(cat("device cuda:", d.index,
+                    " was asked for, but this build has no CUDA backend (or it was not started); "
+                    "build with -DRINGTRAIN_CUDA=ON or use --device cpu"));
+  return *g_hooks;
+}
+}  // namespace
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.kind == Device::cpu && src_device.kind == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  hooks_for(dst_device.kind == Device::cpu ? src_device : dst_device)
+      .copy(dst, dst_device, src, src_device, bytes);
+}
+
 Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  RT_CHECK(device.kind == Device::cpu, "only CPU buffers are built in this configuration");
+  if (device.kind != Device::cpu) {
+    if (bytes == 0) return;
+    void* p = hooks_for(device).alloc(bytes, device.index);
+    data_ = std::unique_ptr<void, Free>(p, Free{device, bytes});
+    return;
+  }
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
@@ -24,6 +69,11 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_.reset(p);
 }
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  if (device.kind == Device::cpu)
+    std::free(p);
+  else if (g_hooks)
+    g_hooks->free(p, bytes, device.index);
+}
 
 }  // namespace ringtrain

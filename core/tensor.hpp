@@ -28,11 +28,54 @@ inline int64_t shape_numel(const Shape& s) {
 }
 std::string shape_str(const Shape& s);  // "[64, 784]"
 
+// Device memory without device headers: a backend that owns device memory (kernels/cuda)
+// installs these at start-up; core only calls through them. Without them a cuda Buffer is
+// an input error ("this build has no CUDA backend").
+struct DeviceMemoryHooks {
+  void* (*alloc)(size_t bytes, int device);  // zero-filled; throws ringtrain::Error on OOM
+  void (*free)(void* p, size_t bytes, int device);
+  // Any direction between host and device (or device and device); returns when done.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+};
+void set_device_memory_hooks(const DeviceMemoryHooks* hooks);  // nullptr uninstalls
+const DeviceMemoryHooks* device_memory_hooks();
+
+// The device a Buffer goes to when none is named: cpu, unless a DeviceScope on this thread
+// says otherwise (like torch.cuda.device), so that model code allocates on the run's device
+// without passing it through every call.
+Device default_device();
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device d);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  Device prev_;
+};
+
+// What is allocating (a layer's name), for out-of-memory messages; per thread, nests.
+class AllocScope {
+ public:
+  explicit AllocScope(std::string what);
+  ~AllocScope();
+  AllocScope(const AllocScope&) = delete;
+  AllocScope& operator=(const AllocScope&) = delete;
+  static const std::string& current();  // "" outside any scope
+
+ private:
+  std::string prev_;
+};
+
+// Copies bytes between any two devices (memcpy between host buffers).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
 // Owns a block of memory. CPU memory is 64-byte aligned (one cache line, one AVX-512 vector).
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, Device device = {});
+  Buffer(size_t bytes, Device device = default_device());
   Buffer(Buffer&&) noexcept = default;
   Buffer& operator=(Buffer&&) noexcept = default;
 
@@ -42,6 +85,10 @@ class Buffer {
 
  private:
   struct Free {
+    Free() noexcept : bytes(0) {}
+    Free(Device d, size_t b) noexcept : device(d), bytes(b) {}
+    Device device;
+    size_t bytes;
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> data_;
@@ -78,7 +125,7 @@ struct OwnedTensor {
   Buffer buffer;
   Tensor view;
   // (Re)allocates only when the new shape needs more bytes than held.
-  Tensor& ensure(const Shape& shape, DType dtype, Device device = {}) {
+  Tensor& ensure(const Shape& shape, DType dtype, Device device = default_device()) {
     size_t need = size_t(shape_numel(shape)) * dtype_size(dtype);
     if (need > buffer.bytes() || !(buffer.device() == device)) buffer = Buffer(need, device);
     view = Tensor(buffer.data(), shape, dtype, device);

@@ -1,0 +1,68 @@
+// What the rest of ringtrain may know about the CUDA backend, without CUDA headers
+// (design.md: only kernels/cuda and comm/nccl include them). In a build without CUDA the
+// same functions exist (kernels/cuda/cuda_stub.cpp): built() is false, device_count() is 0
+// with the reason, and make_cuda_backend() is an input error, so callers need no #if.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kernels/kernels.hpp"
+
+namespace ringtrain::kernels::cuda {
+
+// --gpu-memory: grow (cudaMalloc on demand, cached for reuse; like TensorFlow's memory
+// growth) or reserve:FRACTION (one block of FRACTION of the device's memory up front,
+// sub-allocated; nothing more is taken).
+struct MemoryPolicy {
+  bool reserve = false;
+  double fraction = 0;
+  static MemoryPolicy parse(std::string_view s);  // input error naming --gpu-memory
+  std::string str() const;                        // "grow" or "reserve:0.9"
+};
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;  // "NVIDIA H200"
+  size_t total_bytes = 0, free_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
+  int driver_version = 0, runtime_version = 0;  // 12040 = 12.4
+  int multiprocessors = 0;
+  std::string pci_bus_id;
+};
+
+struct AllocatorStats {
+  size_t in_use = 0;       // bytes handed out now
+  size_t cached = 0;       // bytes held for reuse (grow) or free in the reserve (reserve)
+  size_t peak_in_use = 0;  // high-water mark of in_use
+  size_t reserved = 0;     // bytes taken from the device with cudaMalloc
+  int64_t device_mallocs = 0, cache_hits = 0;
+};
+
+bool built();  // this build has the CUDA backend
+// Usable devices; 0 (with the reason in *why, e.g. "no CUDA driver") when there are none.
+int device_count(std::string* why = nullptr);
+DeviceInfo device_info(int index);
+// "CUDA runtime 13.0, driver 13.0; cuBLASLt 13.0.0; cuDNN 9.19.0; NCCL 2.28.9" (compiled
+// and, where a GPU is present, loaded versions), for --version and the start-up banner.
+std::string library_versions();
+
+// The backend for device `index`. The first call per device sets its memory policy and
+// installs the device-memory hooks of core/tensor.hpp; later calls share the device's
+// stream, handles and allocator (the policy must then be the same).
+std::unique_ptr<Backend> make_cuda_backend(int index, const MemoryPolicy& policy = {});
+AllocatorStats allocator_stats(int index);
+// Returns cached blocks to the device (grow policy); what is in use stays.
+void release_cached_memory(int index);
+// Waits for everything queued on the device's stream (timing, tests).
+void synchronize(int index);
+// The device's compute stream as an opaque pointer (cudaStream_t), for comm/nccl.
+void* compute_stream(int index);
+
+// Copies between host and device memory (Tensor views of the same shape and dtype).
+void copy_tensor(const Tensor& dst, const Tensor& src);
+
+}  // namespace ringtrain::kernels::cuda

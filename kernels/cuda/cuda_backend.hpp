@@ -1,0 +1,132 @@
+// CudaBackend: kernels::Backend on one GPU. GEMM through cuBLASLt (cublasGemmEx as the
+// fallback; fp16/bf16 inputs on tensor cores, fp32 accumulation; fp32 is strict fp32 unless
+// RINGTRAIN_CUDA_TF32=1), convolution through cuDNN, everything else our own kernels
+// (elementwise.cu, cnn.cu). All work is queued on the device's one compute stream; only
+// the ops that return a value to the host (softmax_xent, unscale_check, any_nonfinite,
+// sum_squares) wait for it. Tensors must be on this device (checked).
+#pragma once
+
+#include <cudnn.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "kernels/cuda/runtime.hpp"
+#include "kernels/kernels.hpp"
+
+namespace ringtrain::kernels::cuda {
+
+// A GEMM's cuBLASLt descriptors and the heuristic's algorithm (gemm.cpp).
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool has_algo = false;
+  ~GemmPlan() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    for (auto* l : {a, b, c})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+};
+
+// A convolution's cuDNN descriptors and algorithms (conv.cpp).
+struct ConvPlan {
+  DType dtype = DType::f32;  // what the convolution runs in
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t fwd = nullptr, bwd_data = nullptr, bwd_filter = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+  size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  ~ConvPlan() {
+    for (auto* t : {x, y})
+      if (t) cudnnDestroyTensorDescriptor(t);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    for (auto* c : {fwd, bwd_data, bwd_filter})
+      if (c) cudnnDestroyConvolutionDescriptor(c);
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(DeviceRuntime& rt);
+  ~CudaBackend() override;
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device{Device::cuda, rt_.index()}; }
+  bool supports(Op op, DType dtype) const override;
+  void set_threads(int n) override { threads_ = n; }  // host threads: unused by the GPU
+  int threads() const override { return threads_; }
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            const Tensor& c) override;
+  void cast(const Tensor& src, const Tensor& dst) override;
+  void bias_add(const Tensor& y, const Tensor& bias, Activation act) override;
+  void bias_grad(const Tensor& dy, const Tensor& db) override;
+  void relu(const Tensor& x, const Tensor& y) override;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
+                          const Tensor* dlogits) override;
+  bool unscale_check(const Tensor& in, float factor, const Tensor& out) override;
+  bool any_nonfinite(const Tensor& x) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(const Tensor& x, float factor) override;
+  void sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
+                const Tensor* momentum, const Tensor* work) override;
+  void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) override;
+
+  void conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor* bias,
+                      Activation act, const Tensor& y) override;
+  void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                            const Tensor& dx) override;
+  void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                              const Tensor& dw, const Tensor* db) override;
+  void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                         const Tensor& argmax) override;
+  void maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                          const Tensor& dx) override;
+  void avgpool_global_forward(const Tensor& x, const Tensor& y) override;
+  void avgpool_global_backward(const Tensor& dy, const Tensor& dx) override;
+  void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+                         const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const Tensor& y, const Tensor& mean,
+                         const Tensor& invstd) override;
+  void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta) override;
+  void gelu(const Tensor& x, const Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                       const Tensor& mask) override;
+  void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+
+  DeviceRuntime& runtime() { return rt_; }
+
+ private:
+  cudaStream_t stream() const { return rt_.stream(); }
+  // A device scratch block of at least `bytes` (grown, never shrunk). Slots are distinct so
+  // that one op can hold several.
+  enum Slot { kScratchA, kScratchB, kScratchC, kWorkspace, kReduce, kSlots };
+  void* scratch(Slot slot, size_t bytes);
+  // t itself when it has dtype `want`, else a converted copy in scratch `slot`.
+  Tensor as_dtype(const Tensor& t, DType want, Slot slot);
+  void check_device(const Tensor& t, const char* what) const;
+  // Waits for the stream; the pinned word(s) are then valid.
+  void wait();
+
+  // gemm.cpp
+  void gemm_direct(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                   float beta, const Tensor& c);
+  // conv.cpp
+  ConvPlan& conv_plan(const ConvShape& cs, DType t);
+
+  DeviceRuntime& rt_;
+  int threads_ = 1;
+  Buffer scratch_[kSlots];
+  std::unordered_map<std::string, std::unique_ptr<GemmPlan>> gemm_plans_;
+  std::unordered_map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
+};
+
+}  // namespace ringtrain::kernels::cuda

@@ -1,0 +1,73 @@
+// Host-side entry points of our own CUDA kernels (elementwise.cu, cnn.cu): raw device
+// pointers, a runtime dtype, the stream. Each launches, then CUDA_CHECK_LAUNCH(). The
+// backend (cuda_backend.cpp) validates shapes and dtypes before calling them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.hpp"
+
+namespace ringtrain::kernels::cuda {
+
+// ---- elementwise.cu -------------------------------------------------------------------
+void launch_cast(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStream_t s);
+// y [rows, f, inner] = act(y + bias[f]) in place; act 0 none, 1 relu.
+void launch_bias_act(void* y, DType yt, const void* bias, DType bt, int64_t rows, int64_t f,
+                     int64_t inner, int act, cudaStream_t s);
+// db[f] = sum over rows and inner of dy[rows, f, inner], in fp32, in a fixed order (two
+// passes through `partial`, which holds kBiasGradSlices * f floats).
+constexpr int kBiasGradSlices = 32;
+void launch_bias_grad(const void* dy, DType t, int64_t rows, int64_t f, int64_t inner,
+                      float* partial, void* db, DType dbt, cudaStream_t s);
+void launch_relu(const void* x, void* y, DType t, int64_t n, cudaStream_t s);
+void launch_relu_backward(const void* y, DType yt, const void* dy, void* dx, DType dt, int64_t n,
+                          cudaStream_t s);
+// Per row: loss (double) and correct (0/1); *bad_label set when a label is outside [0, c).
+void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t c,
+                         float g, float* dlogits, double* row_loss, int32_t* row_correct,
+                         int32_t* bad_label, cudaStream_t s);
+// out = in * factor (fp32); *flag |= any non-finite. out may be null (check only).
+void launch_unscale_check(const void* in, DType t, float factor, float* out, int64_t n,
+                          int32_t* flag, cudaStream_t s);
+// Sum of squares in double: partial[kSumSlices] then result[0], in a fixed order.
+constexpr int kSumSlices = 1024;
+void launch_sum_squares(const float* x, int64_t n, double* partial, double* result, cudaStream_t s);
+void launch_scale(float* x, int64_t n, float factor, cudaStream_t s);
+void launch_sgd(float* p, const float* g, float* m, int64_t n, float lr, float mu, float wd,
+                bool nesterov, void* work, DType wt, cudaStream_t s);
+void launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2,
+                  float eps, float step_size, float bc2_sqrt, float decay, void* work, DType wt,
+                  cudaStream_t s);
+void launch_add(const void* a, DType at, const void* b, DType bt, void* y, DType yt, int64_t n,
+                cudaStream_t s);
+
+// ---- cnn.cu ------------------------------------------------------------------------------
+void launch_maxpool_fwd(const void* x, void* y, int32_t* argmax, DType t, int64_t planes, int64_t h,
+                        int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride, cudaStream_t s);
+void launch_maxpool_bwd(const void* dy, const int32_t* argmax, void* dx, DType t, int64_t planes,
+                        int64_t h, int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride,
+                        cudaStream_t s);
+void launch_avgpool_fwd(const void* x, void* y, DType xt, DType yt, int64_t planes, int64_t hw,
+                        cudaStream_t s);
+void launch_avgpool_bwd(const void* dy, DType dt, void* dx, DType xt, int64_t planes, int64_t hw,
+                        cudaStream_t s);
+// Batch norm over x [n, c, hw], one block per channel.
+void launch_bn_forward(const void* x, DType xt, void* y, DType yt, int64_t n, int64_t c, int64_t hw,
+                       const float* gamma, const float* beta, float* running_mean,
+                       float* running_var, float* mean, float* invstd, bool training,
+                       float momentum, float eps, cudaStream_t s);
+void launch_bn_backward(const void* x, const void* dy, void* dx, DType xt, DType dyt, DType dxt,
+                        int64_t n, int64_t c, int64_t hw, const float* gamma, const float* mean,
+                        const float* invstd, float* dgamma, float* dbeta, bool training,
+                        cudaStream_t s);
+void launch_gelu(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s);
+void launch_gelu_backward(const void* x, DType xt, const void* dy, DType dt, void* dx, DType ot,
+                          int64_t n, cudaStream_t s);
+void launch_dropout_fwd(const void* x, void* y, uint8_t* mask, DType t, int64_t n, float p,
+                        uint64_t seed, cudaStream_t s);
+void launch_dropout_bwd(const void* dy, const uint8_t* mask, void* dx, DType t, int64_t n, float p,
+                        cudaStream_t s);
+
+}  // namespace ringtrain::kernels::cuda
