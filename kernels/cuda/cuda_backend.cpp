@@ -27,10 +27,20 @@ bool CudaBackend::supports(Op op, DType dtype) const {
 }
 
 void CudaBackend::check_device(const Tensor& t, const char* what) const {
-  RT_CHECK(t.device.kind == Device::cuda && t.device.index == rt_.index(), "the cuda:", rt_.index(),
-           " backend got ", what, " on ",
-           t.device.kind == Device::cpu ? std::string("the host") : cat("cuda:", t.device.index),
-           " (shape ", shape_str(t.shape), ")");
+  if (t.device.kind == Device::cuda && t.device.index == rt_.index()) return;
+  // A view made without naming its device (Tensor's default label is cpu) over memory of
+  // this device is accepted: core's flat-buffer views do not all carry the label.
+  if (t.device.kind == Device::cpu && t.data) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, t.data) == cudaSuccess &&
+        (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
+        attr.device == rt_.index())
+      return;
+    (void)cudaGetLastError();
+  }
+  RT_CHECK(false, "the cuda:", rt_.index(), " backend got ", what, " in ",
+           t.device.kind == Device::cpu ? std::string("host memory") : cat("cuda:", t.device.index),
+           " (shape ", shape_str(t.shape), "); tensors must be on the backend's device");
 }
 
 void* CudaBackend::scratch(Slot slot, size_t bytes) {
