@@ -62,6 +62,11 @@ void synchronize(int index);
 // The device's compute stream as an opaque pointer (cudaStream_t), for comm/nccl.
 void* compute_stream(int index);
 
+// fp32 GEMM and convolution on TF32 tensor cores (default off: strict fp32, like the CPU;
+// also RINGTRAIN_CUDA_TF32=1). Takes effect for shapes not seen before the switch.
+void set_tf32(bool on);
+bool tf32();
+
 // Copies between host and device memory (Tensor views of the same shape and dtype).
 void copy_tensor(const Tensor& dst, const Tensor& src);
 

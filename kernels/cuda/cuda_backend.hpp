@@ -8,7 +8,9 @@
 
 #include <cudnn.h>
 
+#include <array>
 #include <memory>
+#include <string>
 #include <unordered_map>
 
 #include "kernels/cuda/runtime.hpp"
@@ -45,6 +47,15 @@ struct ConvPlan {
     if (w) cudnnDestroyFilterDescriptor(w);
     for (auto* c : {fwd, bwd_data, bwd_filter})
       if (c) cudnnDestroyConvolutionDescriptor(c);
+  }
+};
+
+using GemmKey = std::array<int64_t, 6>;
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ size_t(v)) * 1099511628211ull;
+    return h;
   }
 };
 
@@ -125,7 +136,7 @@ class CudaBackend final : public Backend {
   DeviceRuntime& rt_;
   int threads_ = 1;
   Buffer scratch_[kSlots];
-  std::unordered_map<std::string, std::unique_ptr<GemmPlan>> gemm_plans_;
+  std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> gemm_plans_;
   std::unordered_map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
 };
 

@@ -24,6 +24,8 @@ AllocatorStats allocator_stats(int) { not_built(); }
 void release_cached_memory(int) {}
 void synchronize(int) {}
 void* compute_stream(int) { not_built(); }
+void set_tf32(bool) {}
+bool tf32() { return false; }
 void copy_tensor(const Tensor& dst, const Tensor& src) {
   RT_CHECK(dst.bytes() == src.bytes(), "copy of ", src.bytes(), " bytes into ", dst.bytes());
   copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());

@@ -88,10 +88,14 @@ void CudaBackend::gemm_direct(bool trans_a, bool trans_b, float alpha, const Ten
 
   const uint32_t al_a = alignment(b.data), al_b = alignment(a.data);
   const uint32_t al_c = std::min(alignment(c.data), 256u);
-  char key[192];
-  std::snprintf(key, sizeof key, "%lld,%lld,%lld,%d%d,%d%d%d,%d,%u,%u,%u", (long long)m,
-                (long long)n, (long long)k, int(trans_a), int(trans_b), int(a.dtype), int(b.dtype),
-                int(c.dtype), int(tf32), al_a, al_b, al_c);
+  // The plan's key: shapes, transposes, dtypes, TF32 and the operands' alignment (no
+  // string formatting: small GEMMs are launch-bound, and this runs on every call).
+  const GemmKey key{m,
+                    n,
+                    k,
+                    int64_t(trans_a) | int64_t(trans_b) << 1 | int64_t(tf32) << 2,
+                    int64_t(a.dtype) | int64_t(b.dtype) << 8 | int64_t(c.dtype) << 16,
+                    int64_t(al_a) | int64_t(al_b) << 16 | int64_t(al_c) << 32};
   auto& slot = gemm_plans_[key];
   if (!slot) {
     auto plan = std::make_unique<GemmPlan>();

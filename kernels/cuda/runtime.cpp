@@ -48,8 +48,12 @@ void fail_cudnn(const char* file, int line, const char* stmt, int status) {
 
 // ---- environment ----------------------------------------------------------------------
 
-const CudaEnv& cuda_env() {
-  static const CudaEnv env = [] {
+const CudaEnv& cuda_env() { return mutable_cuda_env(); }
+void set_tf32(bool on) { mutable_cuda_env().tf32 = on; }
+bool tf32() { return cuda_env().tf32; }
+
+CudaEnv& mutable_cuda_env() {
+  static CudaEnv env = [] {
     CudaEnv e;
     auto get = [](const char* name) -> std::string {
       const char* v = std::getenv(name);

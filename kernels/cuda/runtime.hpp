@@ -61,5 +61,6 @@ struct CudaEnv {
   size_t conv_workspace = 512 << 20;  // RINGTRAIN_CUDA_CONV_WORKSPACE_MB: cap per convolution
 };
 const CudaEnv& cuda_env();
+CudaEnv& mutable_cuda_env();  // set_tf32()
 
 }  // namespace ringtrain::kernels::cuda

@@ -1,0 +1,407 @@
+// gpu_bench: the measurements of benchmarks/gpu/check.sh on one GPU, each with a reference
+// measured in the same run (style.md):
+//   gemm   TFLOP/s of our path (CudaBackend::gemm) against calling cuBLAS directly on the
+//          same shapes and buffers (the faster of cublasGemmEx and cublasLtMatmul with its
+//          heuristic's first algorithm), in fp32, TF32, fp16 and bf16; outputs compared after
+//          timing.
+//   train  step time and samples/s of the MLP, the CNN and a GEMM-bound MLP (4096 wide,
+//          batch 4096) in fp32, fp16 and bf16 (AdamW, the batch resident on the device as a
+//          prefetching loader leaves it), and the share of the step spent in unscale + check
+//          + optimizer.
+// Writes one JSON object (--json FILE) and prints a table.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+#include "core/rng.hpp"
+#include "kernels/cuda/cuda_api.hpp"
+
+using namespace ringtrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                          \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                            \
+    }                                                                                          \
+  } while (0)
+#define CHECK_CUBLAS(x)                                                                           \
+  do {                                                                                            \
+    cublasStatus_t s_ = (x);                                                                      \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
+      std::exit(2);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+const Device kGpu{Device::cuda, 0};
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::f32 ? CUDA_R_32F : t == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+// Seconds per call of f, timed with events on the compute stream after warm-up.
+template <typename F>
+double time_it(cudaStream_t s, int warmup, int iters, F f) {
+  for (int i = 0; i < warmup; ++i) f();
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  CHECK_CUDA(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) f();
+  CHECK_CUDA(cudaEventRecord(b, s));
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / 1e3 / iters;
+}
+
+void fill_uniform(const Tensor& t, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (auto& x : v) x = 2.f * rng.uniform() - 1.f;
+  std::vector<char> raw(t.bytes());
+  if (t.dtype == DType::f32)
+    std::memcpy(raw.data(), v.data(), raw.size());
+  else
+    kernels::host_from_f32(v.data(), raw.data(), t.dtype, t.numel());
+  copy_bytes(t.data, kGpu, raw.data(), Device{}, raw.size());
+}
+
+std::vector<float> download(const Tensor& t) {
+  std::vector<char> raw(t.bytes());
+  copy_bytes(raw.data(), Device{}, t.data, kGpu, raw.size());
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  kernels::host_to_f32(raw.data(), t.dtype, v.data(), t.numel());
+  return v;
+}
+
+struct GemmRow {
+  std::string name, dtype;
+  int64_t m, n, k;
+  double ours_tflops, ref_tflops, ratio, max_rel_diff;
+};
+
+// Our row-major C[m,n] = A[m,k] B[n,k]^T (Linear's forward) against cuBLAS directly.
+GemmRow bench_gemm(kernels::Backend& be, cublasHandle_t h, cublasLtHandle_t lt, cudaStream_t s,
+                   const std::string& name, int64_t m, int64_t n, int64_t k, DType t, bool tf32) {
+  kernels::cuda::set_tf32(tf32);
+  OwnedTensor a, b, c, c_ref;
+  a.ensure({m, k}, t, kGpu);
+  b.ensure({n, k}, t, kGpu);
+  c.ensure({m, n}, t, kGpu);
+  c_ref.ensure({m, n}, t, kGpu);
+  fill_uniform(a.view, 1);
+  fill_uniform(b.view, 2);
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const int iters = flops > 1e12 ? 10 : flops > 1e10 ? 50 : 200;
+  const double t_ours =
+      time_it(s, 3, iters, [&] { be.gemm(false, true, 1.f, a.view, b.view, 0.f, c.view); });
+  // Direct cuBLAS, column-major: C^T[n,m] = B[n,k] (as col-major k x n, transposed) * A^T.
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const float one = 1.f, zero = 0.f;
+  CHECK_CUBLAS(cublasSetStream(h, s));
+  const double t_ex = time_it(s, 3, iters, [&] {
+    CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one,
+                              b.view.data, cuda_type(t), int(k), a.view.data, cuda_type(t), int(k),
+                              &zero, c_ref.view.data, cuda_type(t), int(n), compute,
+                              CUBLAS_GEMM_DEFAULT));
+  });
+  // cuBLASLt with its heuristic's first algorithm, chosen outside the timing.
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, cuda_type(t), uint64_t(k), uint64_t(n), k));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, cuda_type(t), uint64_t(k), uint64_t(m), k));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, cuda_type(t), uint64_t(n), uint64_t(m), n));
+  cublasLtMatmulPreference_t pref;
+  CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws_bytes = 32 << 20;
+  CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &found));
+  Buffer ws(ws_bytes, kGpu);
+  double t_lt = 1e30;
+  if (found > 0)
+    t_lt = time_it(s, 3, iters, [&] {
+      CHECK_CUBLAS(cublasLtMatmul(lt, op, &one, b.view.data, la, a.view.data, lb, &zero,
+                                  c_ref.view.data, lc, c_ref.view.data, lc, &res.algo, ws.data(),
+                                  ws_bytes, s));
+    });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  // Results checked after timing: ours against the reference.
+  be.gemm(false, true, 1.f, a.view, b.view, 0.f, c.view);
+  kernels::cuda::synchronize(0);
+  const auto x = download(c.view), y = download(c_ref.view);
+  double md = 0, mx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    md = std::max(md, double(std::fabs(x[i] - y[i])));
+    mx = std::max(mx, double(std::fabs(y[i])));
+  }
+  GemmRow r{name, tf32 ? "tf32" : dtype_name(t), m, n, k, 0, 0, 0, md / std::max(mx, 1e-30)};
+  const double t_ref = std::min(t_ex, t_lt);
+  r.ours_tflops = flops / t_ours / 1e12;
+  r.ref_tflops = flops / t_ref / 1e12;
+  r.ratio = t_ref / t_ours;
+  kernels::cuda::set_tf32(false);
+  return r;
+}
+
+struct TrainRow {
+  std::string model, dtype;
+  int64_t batch, params;
+  double step_ms, samples_per_s, opt_share, model_tflops;
+};
+
+TrainRow bench_train(kernels::Backend& be, const ModelSpec& spec, int64_t batch, DType precision,
+                     int steps) {
+  auto host_model = build_model(spec, precision);
+  host_model->init_parameters(1, *kernels::make_cpu_backend(1));
+  DeviceScope scope(kGpu);
+  auto model = build_model(spec, precision);
+  copy_bytes(model->master().data, kGpu, host_model->master().data, Device{},
+             model->master().bytes());
+  if (model->num_buffer_elems() > 0)
+    copy_bytes(model->state().data, kGpu, host_model->state().data, Device{},
+               model->state().bytes());
+  model->refresh_working_copy(be);
+  OptimizerConfig oc;  // AdamW
+  auto opt = make_optimizer(oc, model->num_params());
+  Buffer g32(size_t(model->num_params()) * 4, kGpu);
+  Tensor grad32 = precision == DType::f32
+                      ? model->grad()
+                      : Tensor(g32.data(), {model->num_params()}, DType::f32, kGpu);
+  Shape xs{batch};
+  for (int64_t d : spec.input) xs.push_back(d);
+  OwnedTensor x32, xc, labels, dl;
+  fill_uniform(x32.ensure(xs, DType::f32, kGpu), 3);
+  std::vector<int32_t> lab(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) lab[size_t(i)] = int32_t(i % spec.classes);
+  copy_bytes(labels.ensure({batch}, DType::i32, kGpu).data, kGpu, lab.data(), Device{},
+             lab.size() * 4);
+  const float scale = precision == DType::f32 ? 1.f : 1024.f;
+  double total = 0, opt_total = 0;
+  for (int step = -3; step < steps; ++step) {  // 3 warm-up steps
+    kernels::cuda::synchronize(0);
+    const auto t0 = Clock::now();
+    const Tensor* x = &x32.view;
+    if (precision != DType::f32) {
+      be.cast(x32.view, xc.ensure(xs, precision, kGpu));
+      x = &xc.view;
+    }
+    Context ctx{be, precision, true, uint64_t(step + 100)};
+    const Tensor& logits = model->forward(ctx, *x);
+    Tensor& dlt = dl.ensure(logits.shape, DType::f32, kGpu);
+    be.softmax_xent(logits, labels.view, scale, &dlt);
+    model->backward(ctx, dlt);
+    kernels::cuda::synchronize(0);
+    const auto t1 = Clock::now();
+    const bool bad = be.unscale_check(model->grad(), 1.f / scale, grad32);
+    Tensor work = model->work();
+    if (!bad)
+      opt->step(be, model->master(), grad32, precision == DType::f32 ? nullptr : &work, oc.lr);
+    kernels::cuda::synchronize(0);
+    const auto t2 = Clock::now();
+    if (step < 0) continue;
+    total += std::chrono::duration<double>(t2 - t0).count();
+    opt_total += std::chrono::duration<double>(t2 - t1).count();
+  }
+  TrainRow r{
+      spec.name + (spec.name == "mlp" && !spec.hidden.empty() ? "-" + std::to_string(spec.hidden[0])
+                                                              : std::string()),
+      dtype_name(precision),
+      batch,
+      model->num_params(),
+      0,
+      0,
+      0,
+      0};
+  const double step_s = total / steps;
+  r.step_ms = step_s * 1e3;
+  r.samples_per_s = double(batch) / step_s;
+  r.opt_share = opt_total / total;
+  r.model_tflops = 6.0 * double(model->num_params()) * double(batch) / step_s / 1e12;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path = "gpu_bench.json";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      std::printf(
+          "usage: gpu_bench [--json FILE] [--quick]\n"
+          "GEMM TFLOP/s (ours vs direct cuBLAS) and training step times on cuda:0.\n");
+      return a == "--help" || a == "-h" ? 0 : 1;
+    }
+  }
+  std::string why;
+  if (kernels::cuda::device_count(&why) == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", why.c_str());
+    return 0;
+  }
+  const auto info = kernels::cuda::device_info(0);
+  auto be = kernels::cuda::make_cuda_backend(0);
+  auto stream = static_cast<cudaStream_t>(kernels::cuda::compute_stream(0));
+  cublasHandle_t h;
+  cublasLtHandle_t lt;
+  CHECK_CUBLAS(cublasCreate(&h));
+  CHECK_CUBLAS(cublasLtCreate(&lt));
+  std::printf("gpu_bench on %s (cc %d.%d, %.0f GiB), %s\n", info.name.c_str(), info.cc_major,
+              info.cc_minor, double(info.total_bytes) / double(1 << 30),
+              kernels::cuda::library_versions().c_str());
+
+  // (a) GEMM: a large square, the GEMM-bound model's layer and the MNIST MLP's first layer.
+  struct Shape3 {
+    const char* name;
+    int64_t m, n, k;
+  };
+  std::vector<Shape3> shapes = {{"square-8192", 8192, 8192, 8192},
+                                {"mlp4096-fc", 4096, 4096, 4096},
+                                {"mnist-fc1", 256, 512, 784}};
+  if (quick) shapes = {{"square-4096", 4096, 4096, 4096}, {"mnist-fc1", 256, 512, 784}};
+  std::vector<GemmRow> gemm;
+  for (const auto& sh : shapes)
+    for (int variant = 0; variant < 4; ++variant) {
+      const DType t = variant == 2 ? DType::f16 : variant == 3 ? DType::bf16 : DType::f32;
+      gemm.push_back(bench_gemm(*be, h, lt, stream, sh.name, sh.m, sh.n, sh.k, t, variant == 1));
+    }
+  std::printf("\n%-12s %-5s %6s %6s %6s %12s %12s %7s %10s\n", "gemm", "type", "m", "n", "k",
+              "ours TFLOP/s", "cuBLAS", "ratio", "max diff");
+  for (const auto& r : gemm)
+    std::printf("%-12s %-5s %6lld %6lld %6lld %12.1f %12.1f %7.3f %10.2e\n", r.name.c_str(),
+                r.dtype.c_str(), (long long)r.m, (long long)r.n, (long long)r.k, r.ours_tflops,
+                r.ref_tflops, r.ratio, r.max_rel_diff);
+
+  // (b), (c) training steps.
+  std::vector<TrainRow> train;
+  ModelSpec mlp;
+  mlp.name = "mlp", mlp.input = {1, 28, 28}, mlp.hidden = {512, 256}, mlp.classes = 10;
+  ModelSpec cnn;
+  cnn.name = "cnn", cnn.input = {1, 28, 28}, cnn.classes = 10;
+  ModelSpec big;
+  big.name = "mlp", big.input = {4096}, big.hidden = {4096, 4096, 4096}, big.classes = 1024;
+  const int steps = quick ? 5 : 20;
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    train.push_back(bench_train(*be, mlp, 256, t, steps));
+    try {
+      train.push_back(bench_train(*be, cnn, 256, t, steps));
+    } catch (const Error& e) {
+      std::printf("cnn %s: %s\n", dtype_name(t), e.what());
+    }
+    train.push_back(bench_train(*be, big, quick ? 1024 : 4096, t, steps));
+  }
+  std::printf("\n%-10s %-5s %6s %10s %10s %12s %10s %12s\n", "model", "type", "batch", "params",
+              "step ms", "samples/s", "opt share", "TFLOP/s");
+  for (const auto& r : train)
+    std::printf("%-10s %-5s %6lld %10lld %10.3f %12.0f %9.1f%% %12.1f\n", r.model.c_str(),
+                r.dtype.c_str(), (long long)r.batch, (long long)r.params, r.step_ms,
+                r.samples_per_s, 100 * r.opt_share, r.model_tflops);
+
+  // Goals of the issue, computed from the rows above.
+  auto gemm_row = [&](const std::string& name, const std::string& dt) -> const GemmRow* {
+    for (const auto& r : gemm)
+      if (r.name == name && r.dtype == dt) return &r;
+    return nullptr;
+  };
+  auto train_row = [&](const std::string& model, const std::string& dt) -> const TrainRow* {
+    for (const auto& r : train)
+      if (r.model == model && r.dtype == dt) return &r;
+    return nullptr;
+  };
+  double min_ratio = 1e9;
+  for (const auto& r : gemm) min_ratio = std::min(min_ratio, r.ratio);
+  const std::string sq = quick ? "square-4096" : "square-8192";
+  const TrainRow* b32 = train_row("mlp-4096", "fp32");
+  const TrainRow* b16 = train_row("mlp-4096", "bf16");
+  const TrainRow* f16 = train_row("mlp-4096", "fp16");
+  const double bf16_vs_large =
+      b16 && gemm_row(sq, "bf16") ? b16->model_tflops / gemm_row(sq, "bf16")->ours_tflops : 0;
+  const double speedup_bf16 = b32 && b16 ? b32->step_ms / b16->step_ms : 0;
+  const double speedup_fp16 = b32 && f16 ? b32->step_ms / f16->step_ms : 0;
+  double worst_share = 0;
+  for (const auto& r : train)
+    if (r.model == "mlp-4096") worst_share = std::max(worst_share, r.opt_share);
+  struct Goal {
+    const char* what;
+    double value, target;
+    bool at_least;
+  };
+  const Goal goals[] = {
+      {"GEMM ours / direct cuBLAS (worst row)", min_ratio, 0.95, true},
+      {"GEMM-bound bf16 model TFLOP/s / large bf16 GEMM", bf16_vs_large, 0.6, true},
+      {"GEMM-bound fp32 step / bf16 step", speedup_bf16, 2.5, true},
+      {"GEMM-bound fp32 step / fp16 step", speedup_fp16, 2.5, true},
+      {"unscale+check+optimizer share of the step (worst, GEMM-bound)", worst_share, 0.03, false}};
+  std::printf("\n%-62s %10s %8s %s\n", "goal", "value", "target", "");
+  for (const auto& g : goals) {
+    const bool met = g.at_least ? g.value >= g.target : g.value <= g.target;
+    std::printf("%-62s %10.3f %s%-7.3g %s\n", g.what, g.value, g.at_least ? ">=" : "<=", g.target,
+                met ? "met" : "MISSED");
+  }
+
+  std::ofstream js(json_path);
+  js << "{\"device\":\"" << info.name << "\",\"cc\":\"" << info.cc_major << "." << info.cc_minor
+     << "\",\"libraries\":\"" << kernels::cuda::library_versions() << "\",\"gemm\":[";
+  for (size_t i = 0; i < gemm.size(); ++i) {
+    const auto& r = gemm[i];
+    js << (i ? "," : "") << "{\"shape\":\"" << r.name << "\",\"dtype\":\"" << r.dtype
+       << "\",\"m\":" << r.m << ",\"n\":" << r.n << ",\"k\":" << r.k
+       << ",\"ours_tflops\":" << r.ours_tflops << ",\"cublas_tflops\":" << r.ref_tflops
+       << ",\"ratio\":" << r.ratio << ",\"max_rel_diff\":" << r.max_rel_diff << "}";
+  }
+  js << "],\"train\":[";
+  for (size_t i = 0; i < train.size(); ++i) {
+    const auto& r = train[i];
+    js << (i ? "," : "") << "{\"model\":\"" << r.model << "\",\"dtype\":\"" << r.dtype
+       << "\",\"batch\":" << r.batch << ",\"params\":" << r.params << ",\"step_ms\":" << r.step_ms
+       << ",\"samples_per_sec\":" << r.samples_per_s << ",\"opt_share\":" << r.opt_share
+       << ",\"model_tflops\":" << r.model_tflops << "}";
+  }
+  js << "],\"goals\":[";
+  for (size_t i = 0; i < std::size(goals); ++i) {
+    const auto& g = goals[i];
+    const bool met = g.at_least ? g.value >= g.target : g.value <= g.target;
+    js << (i ? "," : "") << "{\"goal\":\"" << g.what << "\",\"value\":" << g.value
+       << ",\"target\":" << g.target << ",\"at_least\":" << (g.at_least ? "true" : "false")
+       << ",\"met\":" << (met ? "true" : "false") << "}";
+  }
+  js << "]}\n";
+  std::printf("\nwrote %s\n", json_path.c_str());
+  cublasLtDestroy(lt);
+  cublasDestroy(h);
+  return 0;
+}
