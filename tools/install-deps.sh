@@ -15,6 +15,7 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev
   libopenblas-dev
+  libdnnl-dev
   libgtest-dev
   zlib1g-dev
   dataset-fashion-mnist

@@ -2,8 +2,10 @@
 // The reference backend: always built, and every other backend is tested against it.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "kernels/cpu/onednn_conv.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ringtrain::kernels::cpu {
@@ -70,6 +72,9 @@ class CpuBackend final : public Backend {
   int threads_ = 1;
   std::vector<float> scratch_a_, scratch_b_, scratch_c_;
   std::vector<float> col_, out32_;  // convolution: im2col columns, fp32 results
+  OneDnnConv* onednn();             // null when im2col + GEMM is chosen
+  int conv_impl_ = 0;               // 0 not chosen yet, 1 im2col, 2 oneDNN
+  std::unique_ptr<OneDnnConv> onednn_;
 };
 
 }  // namespace ringtrain::kernels::cpu

@@ -6,14 +6,19 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
+#include "kernels/cpu/onednn_conv.hpp"
 
 namespace ringtrain::kernels::cpu {
 
 namespace {
+
+constexpr const char* kDefaultConv = "onednn";
 
 void check_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor& y) {
   RT_CHECK(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
@@ -86,6 +91,20 @@ void col2im(const ConvShape& cs, const float* col, float* dx, int threads) {
 
 }  // namespace
 
+// RINGTRAIN_CONV=onednn|im2col picks the convolution; the default is the faster one on our
+// benchmark (benchmarks/conv_bench, docs/benchmarks.md).
+OneDnnConv* CpuBackend::onednn() {
+  if (conv_impl_ == 0) {
+    const char* e = std::getenv("RINGTRAIN_CONV");
+    const std::string v = e ? e : kDefaultConv;
+    RT_REQUIRE(v == "onednn" || v == "im2col", "RINGTRAIN_CONV='", v,
+               "' is not valid; expected onednn or im2col");
+    conv_impl_ = v == "onednn" ? 2 : 1;
+    if (conv_impl_ == 2) onednn_ = std::make_unique<OneDnnConv>();
+  }
+  return onednn_.get();
+}
+
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                 const Tensor* bias, Activation act, const Tensor& y) {
   check_conv(cs, x, w, y);
@@ -98,10 +117,17 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
     RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ", K);
     to_f32(bias->data, bias->dtype, b.data(), K, 1);
   }
+  const bool relu = act == Activation::relu;
+  if (OneDnnConv* dnn = onednn()) {
+    float* out =
+        y.dtype == DType::f32 ? y.as<float>() : (out32_.resize(size_t(y.numel())), out32_.data());
+    dnn->forward(cs, px, pw, bias ? b.data() : nullptr, relu, out);
+    if (y.dtype != DType::f32) from_f32(out, y.data, y.dtype, y.numel(), threads_);
+    return;
+  }
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
   if (y.dtype != DType::f32) out32_.resize(size_t(out_n));
-  const bool relu = act == Activation::relu;
   for (int64_t n = 0; n < cs.n; ++n) {
     const float* cols = px + n * in_n;
     if (!pointwise) {
@@ -132,6 +158,13 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   const float* pdy = as_f32(dy, scratch_a_);
   const float* pw = as_f32(w, scratch_b_);
+  if (OneDnnConv* dnn = onednn()) {
+    float* out = dx.dtype == DType::f32 ? dx.as<float>()
+                                        : (out32_.resize(size_t(dx.numel())), out32_.data());
+    dnn->backward_data(cs, pdy, pw, out);
+    if (dx.dtype != DType::f32) from_f32(out, dx.data, dx.dtype, dx.numel(), threads_);
+    return;
+  }
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
   if (dx.dtype != DType::f32) out32_.resize(size_t(in_n));
@@ -158,10 +191,20 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   const float* px = as_f32(x, scratch_a_);
   const float* pdy = as_f32(dy, scratch_b_);
-  const bool pointwise = is_pointwise(cs);
-  if (!pointwise) col_.resize(size_t(CRS * PQ));
   float* acc = dw.dtype == DType::f32 ? dw.as<float>()
                                       : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
+  if (db)
+    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
+             " elements, expected ", K);
+  std::vector<float> sum(size_t(K), 0.f);
+  if (OneDnnConv* dnn = onednn()) {
+    dnn->backward_weights(cs, px, pdy, acc, db ? sum.data() : nullptr);
+    if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
+    if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
+    return;
+  }
+  const bool pointwise = is_pointwise(cs);
+  if (!pointwise) col_.resize(size_t(CRS * PQ));
   for (int64_t n = 0; n < cs.n; ++n) {
     const float* cols = px + n * in_n;
     if (!pointwise) {
@@ -174,9 +217,6 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   }
   if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
   if (db) {
-    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
-             " elements, expected ", K);
-    std::vector<float> sum(size_t(K), 0.f);
     for (int64_t n = 0; n < cs.n; ++n)
       for (int64_t k = 0; k < K; ++k) {
         const float* row = pdy + n * out_n + k * PQ;

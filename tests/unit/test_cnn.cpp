@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -426,6 +427,52 @@ TEST_F(TorchRef, CnnModel) {
   model->backward(ctx, dlogits);
   for (const Param& p : model->params())
     EXPECT_LE(rel_err(copy_of(p.grad), read("cnn/grads/" + p.name)), 1e-4) << p.name;
+}
+
+// ---- the two CPU convolutions agree --------------------------------------------------------
+
+// im2col + OpenBLAS and oneDNN (RINGTRAIN_CONV) on the same inputs: forward with fused bias +
+// ReLU, backward data, backward weights and bias. Both sum in fp32 in different orders.
+TEST(ConvImplementations, Im2colAndOneDnnAgree) {
+  const std::vector<kernels::ConvShape> shapes = {{3, 5, 9, 8, 7, 3, 3, 1, 1},
+                                                  {2, 4, 11, 10, 6, 3, 3, 2, 0},
+                                                  {2, 6, 7, 7, 5, 1, 1, 2, 0},
+                                                  {2, 32, 12, 12, 16, 3, 3, 1, 0},
+                                                  {1, 3, 8, 8, 4, 5, 5, 1, 2}};
+  struct Out {
+    std::vector<float> y, dx, dw, db;
+  };
+  auto run = [](const char* impl, const kernels::ConvShape& cs) {
+    setenv("RINGTRAIN_CONV", impl, 1);  // read at a backend's first convolution
+    auto be = kernels::make_cpu_backend(1);
+    auto x = uniform_floats(size_t(cs.n * cs.c * cs.h * cs.w), -1.f, 1.f, 1);
+    auto w = uniform_floats(size_t(cs.k * cs.c * cs.r * cs.s), -1.f, 1.f, 2);
+    auto b = uniform_floats(size_t(cs.k), -1.f, 1.f, 3);
+    const Shape ys{cs.n, cs.k, cs.p(), cs.q()};
+    auto dy = uniform_floats(size_t(shape_numel(ys)), -1.f, 1.f, 4);
+    Out o;
+    o.y.resize(dy.size());
+    o.dx.resize(x.size());
+    o.dw.resize(w.size());
+    o.db.resize(b.size());
+    const Tensor tx(x.data(), {cs.n, cs.c, cs.h, cs.w}, DType::f32),
+        tw(w.data(), {cs.k, cs.c, cs.r, cs.s}, DType::f32), tb(b.data(), {cs.k}, DType::f32),
+        tdy(dy.data(), ys, DType::f32), tdb(o.db.data(), {cs.k}, DType::f32);
+    be->conv2d_forward(cs, tx, tw, &tb, Activation::relu, Tensor(o.y.data(), ys, DType::f32));
+    be->conv2d_backward_data(cs, tdy, tw, Tensor(o.dx.data(), tx.shape, DType::f32));
+    be->conv2d_backward_filter(cs, tx, tdy, Tensor(o.dw.data(), tw.shape, DType::f32), &tdb);
+    return o;
+  };
+  for (const auto& cs : shapes) {
+    SCOPED_TRACE(testing::Message() << "C " << cs.c << " K " << cs.k << " " << cs.r << "x" << cs.s
+                                    << " stride " << cs.stride << " pad " << cs.pad);
+    const Out a = run("im2col", cs), b = run("onednn", cs);
+    EXPECT_LE(rel_err(a.y, b.y), 1e-5) << "forward";
+    EXPECT_LE(rel_err(a.dx, b.dx), 1e-5) << "backward data";
+    EXPECT_LE(rel_err(a.dw, b.dw), 1e-5) << "backward weights";
+    EXPECT_LE(rel_err(a.db, b.db), 1e-5) << "backward bias";
+  }
+  unsetenv("RINGTRAIN_CONV");
 }
 
 // ---- fused activation, dropout, overrides, models ---------------------------------------
