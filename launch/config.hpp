@@ -37,9 +37,10 @@ struct TrainConfig {
   bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
   std::string device = "cpu";
-  int threads = 0;                // 0: the rank's share of the node's cores
-  std::string comm = "mpi";       // mpi | hierarchical
-  DType wire_dtype = DType::f32;  // gradient dtype on the wire (default: the compute dtype)
+  std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION
+  int threads = 0;                  // 0: the rank's share of the node's cores
+  std::string comm = "mpi";         // mpi | hierarchical | nccl
+  DType wire_dtype = DType::f32;    // gradient dtype on the wire (default: the compute dtype)
   bool wire_dtype_given = false;
   double bucket_mb = 25;       // gradient bucket size
   bool overlap = true;         // allreduce buckets while backward runs

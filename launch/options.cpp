@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "kernels/cuda/cuda_api.hpp"
 #include "launch/timeline.hpp"
 
 namespace po = boost::program_options;
@@ -123,9 +124,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("resume", po::value(&c.resume)->default_value("auto"), "auto | never | FILE")
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
       ("seed", po::value(&seed)->default_value(42), "seed of init and data order")
-      ("device", po::value(&c.device)->default_value("cpu"), "cpu")
+      ("device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")
+      ("gpu-memory", po::value(&c.gpu_memory)->default_value("grow"), "cuda: grow (on demand, cached) | reserve:FRACTION (of the GPU's memory, up front)")
       ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: the rank's CPU set if bound, else cores / ranks on the node)")
-      ("comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi | hierarchical")
+      ("comm", po::value(&c.comm)->default_value("mpi"), "gradient communication: mpi | hierarchical | nccl (cuda)")
       ("wire-dtype", po::value(&wire), "fp32 | fp16 | bf16 gradients on the wire (default: the compute dtype)")
       ("bucket-mb", po::value(&c.bucket_mb)->default_value(25), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
@@ -185,11 +187,22 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is negative");
   RT_REQUIRE(c.prefetch >= 0 && c.prefetch <= 64, "--prefetch ", c.prefetch,
              " is not valid; expected 0 to 64 batches");
-  RT_REQUIRE(c.device == "cpu", "--device '", c.device,
-             "' is not available: this build has only "
-             "the cpu backend (the CUDA backend is not built); expected cpu");
-  RT_REQUIRE(c.comm == "mpi" || c.comm == "hierarchical", "--comm '", c.comm,
-             "' is not available in this build; expected mpi or hierarchical");
+  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+             "' is not known; expected cpu or cuda");
+  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);  // input error now, not at start-up
+  RT_REQUIRE(c.comm == "mpi" || c.comm == "hierarchical" || c.comm == "nccl", "--comm '", c.comm,
+             "' is not known; expected mpi, hierarchical or nccl");
+  RT_REQUIRE(c.comm != "nccl" || c.device == "cuda",
+             "--comm nccl needs --device cuda (NCCL reduces GPU buffers)");
+  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  // The CUDA backend, NCCL communicator, GPU tests and benchmark exist (docs/gpu.md), but
+  // the Trainer does not yet keep the model on the device: say so rather than half-work.
+  RT_REQUIRE(c.device != "cuda",
+             "--device 'cuda': this build has the CUDA backend (kernels, NCCL, GPU tests and "
+             "benchmarks/gpu/check.sh, see docs/gpu.md), but `ringtrain train` does not run on "
+             "it yet; use --device cpu");
   if (!wire.empty()) {
     c.wire_dtype = parse_float_dtype(wire, "--wire-dtype");
     c.wire_dtype_given = true;
