@@ -43,6 +43,15 @@ struct AllocatorStats {
 };
 
 bool built();  // this build has the CUDA backend
+// This rank's GPU: 0 when one device is visible (launch/ringrun set CUDA_VISIBLE_DEVICES),
+// else local_rank modulo the visible devices; input error when there is none.
+int device_for_local_rank(int local_rank);
+// "cuda:0 NVIDIA H200, 139.8 GiB (139.1 free), compute capability 9.0, driver 12.8, runtime
+// 13.0" for the start-up lines (rank 0 of each node prints it).
+std::string describe(const DeviceInfo& d);
+// A warning when `compute` needs more than the device has (fp16 below compute capability 7.0,
+// bf16 below 8.0: no tensor cores for it, or no kernels at all); "" otherwise.
+std::string precision_warning(const DeviceInfo& d, DType compute);
 // Usable devices; 0 (with the reason in *why, e.g. "no CUDA driver") when there are none.
 int device_count(std::string* why = nullptr);
 DeviceInfo device_info(int index);

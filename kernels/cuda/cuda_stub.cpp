@@ -18,6 +18,7 @@ int device_count(std::string* why) {
   return 0;
 }
 DeviceInfo device_info(int) { not_built(); }
+int device_for_local_rank(int) { not_built(); }
 std::string library_versions() { return "not built"; }
 std::unique_ptr<Backend> make_cuda_backend(int, const MemoryPolicy&) { not_built(); }
 AllocatorStats allocator_stats(int) { not_built(); }

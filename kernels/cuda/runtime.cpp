@@ -86,6 +86,13 @@ int device_count(std::string* why) {
   return n;
 }
 
+int device_for_local_rank(int local_rank) {
+  std::string why;
+  const int n = device_count(&why);
+  RT_REQUIRE(n > 0, "--device cuda: no usable CUDA device on this node (", why, ")");
+  return n == 1 ? 0 : local_rank % n;
+}
+
 DeviceInfo device_info(int index) {
   std::string why;
   const int n = device_count(&why);

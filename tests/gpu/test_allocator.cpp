@@ -100,5 +100,23 @@ TEST(MemoryPolicy, Parses) {  // runs without a GPU too
   }
 }
 
+TEST(DeviceInfo, PrecisionWarningsAndDescription) {  // runs without a GPU too
+  kernels::cuda::DeviceInfo v100;
+  v100.name = "Tesla V100";
+  v100.cc_major = 7;
+  EXPECT_EQ(kernels::cuda::precision_warning(v100, DType::f16), "");
+  EXPECT_NE(kernels::cuda::precision_warning(v100, DType::bf16).find("8.0"), std::string::npos);
+  kernels::cuda::DeviceInfo p100 = v100;
+  p100.cc_major = 6;
+  EXPECT_NE(kernels::cuda::precision_warning(p100, DType::f16).find("7.0"), std::string::npos);
+  kernels::cuda::DeviceInfo h200;
+  h200.name = "NVIDIA H200", h200.cc_major = 9, h200.total_bytes = size_t(141) << 30;
+  h200.driver_version = 12080, h200.runtime_version = 13000;
+  EXPECT_EQ(kernels::cuda::precision_warning(h200, DType::bf16), "");
+  const std::string d = kernels::cuda::describe(h200);
+  EXPECT_NE(d.find("NVIDIA H200, 141.0 GiB"), std::string::npos) << d;
+  EXPECT_NE(d.find("compute capability 9.0, driver 12.8, runtime 13.0"), std::string::npos) << d;
+}
+
 }  // namespace
 }  // namespace ringtrain::test
