@@ -129,6 +129,14 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
   RT_CHECK(y.numel() == dy.numel() && dy.numel() == dx.numel() && dy.dtype == dx.dtype,
            "relu_backward shapes/dtypes differ");
   const int64_t n = y.numel();
+  if (y.dtype == DType::f32 && dy.dtype == DType::f32) {  // the common case, vectorised
+    const float* py = y.as<float>();
+    const float* pd = dy.as<float>();
+    float* px = dx.as<float>();
+#pragma omp parallel for simd num_threads(threads_) if (threads_ > 1 && n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) px[i] = py[i] > 0.f ? pd[i] : 0.f;
+    return;
+  }
   dispatch_float(y.dtype, [&](auto Y) {
     using EY = decltype(Y);
     dispatch_float(dy.dtype, [&](auto D) {

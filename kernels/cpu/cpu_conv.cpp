@@ -241,9 +241,33 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
     using E = decltype(X);
     const auto* px = x.as<typename E::storage>();
     auto* py = y.as<typename E::storage>();
+    // A candidate wins when larger, or when it is a nan and the best is not (a nan is not
+    // hidden); the first of equal values wins.
+    auto better = [](float v, float best) { return v > best || (v != v && best == best); };
 #pragma omp parallel for num_threads(threads_) if (threads_ > 1 && planes > 1)
     for (int64_t pl = 0; pl < planes; ++pl) {
       const auto* in = px + pl * ps.h * ps.w;
+      if (ps.kernel == 2 && ps.stride == 2) {  // the common window, unrolled
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t r0 = 2 * p * ps.w, r1 = r0 + ps.w;
+          const int64_t o = pl * P * Q + p * Q;
+          for (int64_t q = 0; q < Q; ++q) {
+            const int64_t c = 2 * q;
+            int64_t best = r0 + c;
+            float bv = E::load(in[best]);
+            for (int64_t at : {r0 + c + 1, r1 + c, r1 + c + 1}) {
+              const float v = E::load(in[at]);
+              if (better(v, bv)) {
+                bv = v;
+                best = at;
+              }
+            }
+            py[o + q] = in[best];
+            pa[o + q] = int32_t(best);
+          }
+        }
+        continue;
+      }
       for (int64_t p = 0; p < P; ++p)
         for (int64_t q = 0; q < Q; ++q) {
           int64_t best = p * ps.stride * ps.w + q * ps.stride;
@@ -252,7 +276,7 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
             for (int64_t j = 0; j < ps.kernel; ++j) {
               const int64_t at = (p * ps.stride + i) * ps.w + q * ps.stride + j;
               const float v = E::load(in[at]);
-              if (v > bv || (v != v && bv == bv)) {  // a nan wins, so it is not hidden
+              if (better(v, bv)) {
                 bv = v;
                 best = at;
               }
