@@ -44,7 +44,8 @@ void check_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const Ten
 }
 
 // The first result that ran, is deterministic, fits the cap and (strict fp32) uses no
-// tensor-op math; false when there is none.
+// tensor-op math; false when there is none. Strict fp32 then keeps CUDNN_FMA_MATH on the
+// descriptor whatever the result says (on Ampere and later CUDNN_DEFAULT_MATH allows TF32).
 template <typename Perf>
 bool pick(const Perf* perf, int count, bool strict_fp32, size_t cap, Perf& out) {
   for (int i = 0; i < count; ++i) {
@@ -90,7 +91,7 @@ bool build(cudnnHandle_t h, const ConvShape& cs, DType t, size_t cap, ConvPlan& 
     if (!pick(perf, count, strict, cap, best)) return false;
     plan.fwd_algo = best.algo;
     plan.fwd_ws = best.memory;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(plan.fwd, best.mathType));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(plan.fwd, strict ? CUDNN_FMA_MATH : best.mathType));
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT], best{};
@@ -100,7 +101,8 @@ bool build(cudnnHandle_t h, const ConvShape& cs, DType t, size_t cap, ConvPlan& 
     if (!pick(perf, count, strict, cap, best)) return false;
     plan.data_algo = best.algo;
     plan.data_ws = best.memory;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(plan.bwd_data, best.mathType));
+    CUDNN_CHECK(
+        cudnnSetConvolutionMathType(plan.bwd_data, strict ? CUDNN_FMA_MATH : best.mathType));
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT], best{};
@@ -110,7 +112,8 @@ bool build(cudnnHandle_t h, const ConvShape& cs, DType t, size_t cap, ConvPlan& 
     if (!pick(perf, count, strict, cap, best)) return false;
     plan.filter_algo = best.algo;
     plan.filter_ws = best.memory;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(plan.bwd_filter, best.mathType));
+    CUDNN_CHECK(
+        cudnnSetConvolutionMathType(plan.bwd_filter, strict ? CUDNN_FMA_MATH : best.mathType));
   }
   return true;
 }
