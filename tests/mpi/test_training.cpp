@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.hpp"
@@ -57,6 +59,40 @@ TEST_P(BitwiseAcrossRanks, ParametersIdenticalAfterEveryStep) {
 INSTANTIATE_TEST_SUITE_P(Precisions, BitwiseAcrossRanks,
                          testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The convolutional models: per-rank dropout masks and per-rank BatchNorm statistics, yet
+// the summed gradients keep the parameters bitwise identical on every rank.
+class ConvModelsAcrossRanks : public testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(ConvModelsAcrossRanks, ParametersIdenticalAfterEveryStep) {
+  const auto& [name, precision] = GetParam();
+  const std::string data = test::shared_dataset(1024, 9);
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  auto cfg = small_config(data, precision);
+  cfg.model = name;
+  cfg.width = 4;
+  cfg.global_batch_size = 48;
+  cfg.optimizer.name = "adamw";
+  cfg.optimizer.lr = 1e-2f;
+  launch::Trainer trainer(cfg, world);
+  Model& model = trainer.model();
+  const size_t bytes = size_t(model.num_params()) * 4;
+  double first_loss = 0, last_loss = 0;
+  for (int s = 1; s <= 12; ++s) {
+    auto out = trainer.step_once();
+    (s == 1 ? first_loss : last_loss) = out.loss_sum / 48;
+    ASSERT_TRUE(test::identical_on_all_ranks(model.master().data, bytes)) << "after step " << s;
+  }
+  EXPECT_LT(last_loss, first_loss) << name << " should learn the synthetic task";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ConvModelsAcrossRanks,
+                         testing::Combine(testing::Values("cnn", "resnet"),
+                                          testing::Values(DType::f32, DType::bf16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
 
 TEST(DataParallel, WRanksEqualOneRankWithTheSameGlobalBatch) {
   const std::string data = test::shared_dataset(2048, 11);
