@@ -21,6 +21,7 @@ packages=(
   dataset-fashion-mnist
   python3-h5py
   python3-venv
+  slurm-wlm munge numactl python3-matplotlib
 )
 
 missing=()

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The scaling harness on this machine: benchmarks/scaling/run at 1 and 2 ranks (weak and
+# strong, short runs) writes one result per point with the step-time split and the gradient
+# bytes; report turns them into a table whose efficiencies match the points and two PNG
+# plots; model fits alpha and beta to a real allreduce_bench run, predicts 8 ... 4,096 GPUs
+# and compares with the measured points. No figure is judged: the run is too short, the
+# machine shared. What is checked is that the numbers are the points' and add up.
+source "$(dirname "$0")/lib.sh"
+dir=$(tdir scaling)
+S=$SRC/benchmarks/scaling
+"$S/run" --help | contains "weak" || fail "run --help"
+"$S/report" --help | contains "efficiency" || fail "report --help"
+"$S/model" --help | contains "predict" || fail "model --help"
+
+"$S/run" --bin "$BIN" --data "$DATA/train.h5" --ranks 1,2 --mode weak,strong --batch-size 64 \
+  --steps 60 --log-every 20 --out "$dir/results.jsonl" -- --hidden 256 || fail "run failed"
+[[ $(wc -l <"$dir/results.jsonl") -eq 4 ]] || fail "expected 4 points in results.jsonl"
+"$S/report" "$dir/results.jsonl" --out "$dir" || fail "report failed"
+for png in throughput efficiency; do
+  [[ "$(head -c 4 "$dir/$png.png" | od -An -c | tr -d ' ')" == '211PNG' ]] || fail "$png.png is not a PNG"
+done
+/usr/bin/python3 - "$dir" <<'PY' || fail "results or report do not add up"
+import json, os, sys
+d = sys.argv[1]
+pts = [json.loads(l) for l in open(os.path.join(d, "results.jsonl"))]
+by = {(p["mode"], p["ranks"]): p for p in pts}
+for p in pts:
+    assert p["params"] == 784 * 256 + 256 + 256 * 10 + 10, p["params"]  # --hidden 256 went through
+    assert p["grad_bytes"] == 4 * p["params"]
+    assert p["ring_bytes_per_rank"] == (p["grad_bytes"] if p["ranks"] == 2 else 0)
+    split = p["compute_s"] + p["exposed_comm_s"] + p["data_wait_s"] + p["other_s"]
+    assert abs(split - p["step_s"]) < 1e-9 or p["other_s"] == 0, p
+    assert p["windows"] == 2, p
+assert by[("weak", 2)]["batch_per_rank"] == 64 and by[("strong", 2)]["batch_per_rank"] == 32
+rows = [l for l in open(os.path.join(d, "report.md")) if l.startswith("| mlp-")]
+assert len(rows) == 4, rows
+for row in rows:
+    c = [x.strip() for x in row.strip().strip("|").split("|")]
+    mode, n = c[1], int(c[2])
+    eff = by[(mode, n)]["samples_per_sec"] / by[(mode, 1)]["samples_per_sec"] / n
+    assert c[8] == f"{100 * eff:.1f}%", (row, eff)
+print("ok")
+PY
+pass "run: 4 points; report: table and plots consistent with them"
+
+mpi 2 "$ALLREDUCE_BENCH" -b 4K -e 4M -f 4 -w 2 -n 5 --json >"$dir/ar2.json" || fail "allreduce_bench"
+"$S/model" fit "$dir/ar2.json" --json "$dir/fit.json" | tee "$dir/fit.txt"
+contains "alpha = " <"$dir/fit.txt" || fail "model fit printed no alpha"
+/usr/bin/python3 - "$dir" <<'PY' || fail "the fit is not a least-squares fit of the rows"
+import json, os, sys
+sys.path.insert(0, os.path.join(os.environ["SRC_DIR"], "benchmarks/scaling"))
+import scaling_lib as lib
+d = sys.argv[1]
+fit = json.load(open(os.path.join(d, "fit.json")))
+rows = [(r["ranks"], r["count"] * 4, r["time_us"] * 1e-6) for r in json.load(open(os.path.join(d, "ar2.json")))
+        if r["backend"] == "ringtrain-mpi" and r["type"] == "fp32"]
+assert fit["rows"] == len(rows) == 6, fit
+a, b = fit["alpha_s"], fit["beta_s_per_byte"]
+assert a >= 0 and b > 0, fit
+def cost(a, b):
+    return sum(((lib.ring_time(n, m, a, b) - t) / t) ** 2 for n, m, t in rows)
+# A least-squares minimum: moving either parameter by 1% in either direction costs more.
+c0 = cost(a, b)
+for da, db in [(1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)]:
+    if a == 0 and da != 1:
+        continue
+    assert cost(a * da, b * db) >= c0 * (1 - 1e-9), (da, db)
+# Two-point check of the ring formula itself.
+assert lib.ring_time(2, 1000, 1e-6, 1e-9) == 2e-6 + 1000e-9
+print("ok")
+PY
+"$S/model" predict --results "$dir/results.jsonl" --series mlp-fp32-ringtrain --bench "$dir/ar2.json" \
+  --json "$dir/pred.json" | tee "$dir/pred.txt"
+/usr/bin/python3 - "$dir" <<'PY' || fail "predictions"
+import json, os, sys
+p = json.load(open(os.path.join(sys.argv[1], "pred.json")))
+gpus = [x["gpus"] for x in p["points"]]
+assert gpus == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], gpus
+for x in p["points"]:
+    for algo in ("ring", "hierarchical"):
+        q = x[algo]
+        assert abs(q["step_s"] - (p["compute_s"] + q["allreduce_s"])) < 1e-12  # overlap 0
+        assert abs(q["efficiency"] - p["compute_s"] / q["step_s"]) < 1e-12
+# More GPUs never make the ring faster (its latency term grows with them).
+ring = [x["ring"]["allreduce_s"] for x in p["points"]]
+assert ring == sorted(ring), ring
+print("ok")
+PY
+"$S/model" compare --results "$dir/results.jsonl" --series mlp-fp32-ringtrain --bench "$dir/ar2.json" \
+  | tee "$dir/compare.txt"
+[[ $(grep -c '^| [12] |' "$dir/compare.txt") -eq 2 ]] || fail "compare: expected rows for 1 and 2 ranks"
+pass "model: fit, predictions at 8 ... 4,096 GPUs, comparison with the measured points"
