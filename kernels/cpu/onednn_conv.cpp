@@ -91,12 +91,23 @@ struct OneDnnConv::Impl {
     return std::get<2>(scratch.back());
   }
 
+  // Reorder primitives between two layouts, created once (creating one costs more than a
+  // small reorder itself).
+  std::vector<std::tuple<memory::desc, memory::desc, dnnl::reorder>> reorders;
+  dnnl::reorder& reorder_for(const memory::desc& from, const memory::desc& to) {
+    for (auto& [f, t, r] : reorders)
+      if (f == from && t == to) return r;
+    reorders.emplace_back(from, to,
+                          dnnl::reorder(dnnl::reorder::primitive_desc(eng, from, eng, to)));
+    return std::get<2>(reorders.back());
+  }
+
   // `user` (our layout) as the primitive wants it: itself, or a reordered copy.
   memory input(int role, const memory::desc& want, const memory::desc& have, const float* p) {
     memory user(have, eng, const_cast<float*>(p));
     if (want == have) return user;
     memory m = scratch_for(role, want);
-    dnnl::reorder(user, m).execute(strm, user, m);
+    reorder_for(have, want).execute(strm, user, m);
     return m;
   }
   // Where the primitive writes an output: our buffer itself, or a scratch to reorder after.
@@ -107,7 +118,7 @@ struct OneDnnConv::Impl {
   void finish(memory out, const memory::desc& have, float* p) {
     memory user(have, eng, p);
     if (out.get_desc() == have) return;
-    dnnl::reorder(out, user).execute(strm, out, user);
+    reorder_for(out.get_desc(), have).execute(strm, out, user);
   }
 };
 
