@@ -106,6 +106,9 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+# Job ids of their own per port: two of these clusters never share a job id (nor the
+# per-job directories in /tmp that PMIx and slurmstepd name after it).
+FirstJobId=$((port * 100))
 JobRequeue=1
 KillWait=10
 MinJobAge=600

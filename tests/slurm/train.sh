@@ -35,3 +35,19 @@ for r in 0 1; do
   [[ "$(field "$a" threads)" == 1 ]] || fail "rank $r: OMP_NUM_THREADS $(field "$a" threads), expected 1 (--cpus-per-task=1)"
 done
 pass "ringrun and ringtrain agree: local ranks 0 and 1 of 2 from SLURM_LOCALID, 1 thread each"
+
+# Open MPI's mpirun inside an allocation (it starts its daemons through Slurm): the ranks
+# inherit the batch step's SLURM_LOCALID=0, and ringrun and ringtrain must take the local
+# rank from Open MPI's variables instead.
+job=$(submit_wait 300 --ntasks=2 --time=5 --output="$dir/mpirun.out" --export=ALL,RINGTRAIN_VERBOSE=1 \
+  --wrap "mpirun $(printf '%q ' "$SRC/launch/ringrun" "$BIN" train --data "$DATA/train.h5" --steps 20 \
+  --batch-size 16 --threads 1 --log-every 10)") || { cat "$dir/mpirun.out"; fail "mpirun job failed"; }
+cat "$dir/mpirun.out"
+for r in 0 1; do
+  for who in ringrun ringtrain; do
+    line=$(placement_line "$who" "$r" "$dir/mpirun.out")
+    [[ "$(field "$line" source) $(field "$line" local_rank) $(field "$line" local_size)" == "ompi $r 2" ]] ||
+      fail "mpirun in an allocation, rank $r: '$line'"
+  done
+done
+pass "job $job: mpirun inside the allocation, local ranks from Open MPI's variables"
