@@ -92,6 +92,14 @@ struct AdamWConfig {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// Shape checks every backend makes before the ops below (internal errors naming both sides).
+void check_conv_shapes(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor& y);
+void check_pool_shapes(const PoolShape& ps, const Tensor& x, const Tensor& y, const Tensor& argmax);
+struct NchwDims {
+  int64_t n, c, hw;  // batch, channels, the product of the remaining dimensions
+};
+NchwDims batchnorm_dims(const Tensor& x, const Tensor& gamma);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -166,8 +174,7 @@ class Backend {
   // dx (x's dtype), dgamma and dbeta (fp32, overwritten), from the statistics of forward.
   virtual void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
                                   const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                                  const Tensor& dx, const Tensor& dgamma,
-                                  const Tensor& dbeta) = 0;
+                                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
   // The exact GELU, x * Phi(x) (erf form, PyTorch's default), and its gradient.
   virtual void gelu(const Tensor& x, const Tensor& y) = 0;
   virtual void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;

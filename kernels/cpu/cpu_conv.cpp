@@ -20,20 +20,6 @@ namespace {
 
 constexpr const char* kDefaultConv = "onednn";
 
-void check_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor& y) {
-  RT_CHECK(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
-               cs.stride > 0 && cs.pad >= 0 && cs.p() > 0 && cs.q() > 0,
-           "convolution shape is not valid: input [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w,
-           "], filter [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s, "], stride ", cs.stride,
-           ", padding ", cs.pad);
-  RT_CHECK(x.numel() == cs.n * cs.c * cs.h * cs.w, "convolution input has ", x.numel(),
-           " elements, expected ", cs.n * cs.c * cs.h * cs.w);
-  RT_CHECK(w.numel() == cs.k * cs.c * cs.r * cs.s, "convolution filter has ", w.numel(),
-           " elements, expected ", cs.k * cs.c * cs.r * cs.s);
-  RT_CHECK(y.numel() == cs.n * cs.k * cs.p() * cs.q(), "convolution output has ", y.numel(),
-           " elements, expected ", cs.n * cs.k * cs.p() * cs.q());
-}
-
 bool is_pointwise(const ConvShape& cs) {
   return cs.r == 1 && cs.s == 1 && cs.stride == 1 && cs.pad == 0;
 }
@@ -107,7 +93,7 @@ OneDnnConv* CpuBackend::onednn() {
 
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                 const Tensor* bias, Activation act, const Tensor& y) {
-  check_conv(cs, x, w, y);
+  check_conv_shapes(cs, x, w, y);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   const float* px = as_f32(x, scratch_a_);
@@ -153,7 +139,7 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
 
 void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
                                       const Tensor& dx) {
-  check_conv(cs, dx, w, dy);
+  check_conv_shapes(cs, dx, w, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   const float* pdy = as_f32(dy, scratch_a_);
@@ -186,7 +172,7 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
 
 void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                         const Tensor& dw, const Tensor* db) {
-  check_conv(cs, x, dw, dy);
+  check_conv_shapes(cs, x, dw, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   const float* px = as_f32(x, scratch_a_);
@@ -231,11 +217,7 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
 void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                    const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
-  RT_CHECK(ps.kernel > 0 && ps.stride > 0 && P > 0 && Q > 0 && x.numel() == planes * ps.h * ps.w &&
-               y.numel() == planes * P * Q && argmax.numel() == y.numel() &&
-               argmax.dtype == DType::i32 && x.dtype == y.dtype,
-           "max pooling shapes do not match: x ", shape_str(x.shape), " y ", shape_str(y.shape),
-           " kernel ", ps.kernel, " stride ", ps.stride);
+  check_pool_shapes(ps, x, y, argmax);
   auto* pa = argmax.as<int32_t>();
   dispatch_float(x.dtype, [&](auto X) {
     using E = decltype(X);

@@ -10,28 +10,11 @@
 
 namespace ringtrain::kernels::cpu {
 
-namespace {
-
-struct NchwDims {
-  int64_t n, c, hw;
-};
-
-NchwDims bn_dims(const Tensor& x, const Tensor& gamma) {
-  RT_CHECK(x.shape.size() >= 2, "batch norm takes [N, C, ...], got ", shape_str(x.shape));
-  NchwDims d{x.dim(0), x.dim(1), 1};
-  for (size_t i = 2; i < x.shape.size(); ++i) d.hw *= x.dim(i);
-  RT_CHECK(gamma.numel() == d.c && gamma.dtype == DType::f32, "batch norm of ", d.c,
-           " channels got fp32 parameters of ", gamma.numel());
-  return d;
-}
-
-}  // namespace
-
 void CpuBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
                                    const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var,
                                    const Tensor& y, const Tensor& mean, const Tensor& invstd) {
-  const NchwDims d = bn_dims(x, gamma);
+  const NchwDims d = batchnorm_dims(x, gamma);
   RT_CHECK(y.numel() == x.numel() && beta.numel() == d.c && running_mean.numel() == d.c &&
                running_var.numel() == d.c && mean.numel() == d.c && invstd.numel() == d.c,
            "batch norm tensors do not match ", d.c, " channels");
@@ -92,7 +75,7 @@ void CpuBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, co
 void CpuBackend::batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
                                     const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
-  const NchwDims d = bn_dims(x, gamma);
+  const NchwDims d = batchnorm_dims(x, gamma);
   RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dgamma.numel() == d.c &&
                dbeta.numel() == d.c && dgamma.dtype == DType::f32 && dbeta.dtype == DType::f32,
            "batch norm gradient tensors do not match ", d.c, " channels");

@@ -29,20 +29,6 @@ cudnnDataType_t dnn_type(DType t) {
   throw_runtime(__FILE__, __LINE__, cat("convolution in ", dtype_name(t), " is not supported"));
 }
 
-void check_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor& y) {
-  RT_CHECK(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
-               cs.stride > 0 && cs.pad >= 0 && cs.p() > 0 && cs.q() > 0,
-           "convolution shape is not valid: input [", cs.n, ", ", cs.c, ", ", cs.h, ", ", cs.w,
-           "], filter [", cs.k, ", ", cs.c, ", ", cs.r, ", ", cs.s, "], stride ", cs.stride,
-           ", padding ", cs.pad);
-  RT_CHECK(x.numel() == cs.n * cs.c * cs.h * cs.w, "convolution input has ", x.numel(),
-           " elements, expected ", cs.n * cs.c * cs.h * cs.w);
-  RT_CHECK(w.numel() == cs.k * cs.c * cs.r * cs.s, "convolution filter has ", w.numel(),
-           " elements, expected ", cs.k * cs.c * cs.r * cs.s);
-  RT_CHECK(y.numel() == cs.n * cs.k * cs.p() * cs.q(), "convolution output has ", y.numel(),
-           " elements, expected ", cs.n * cs.k * cs.p() * cs.q());
-}
-
 // The first result that ran, is deterministic, fits the cap and (strict fp32) uses no
 // tensor-op math; false when there is none. Strict fp32 then keeps CUDNN_FMA_MATH on the
 // descriptor whatever the result says (on Ampere and later CUDNN_DEFAULT_MATH allows TF32).
@@ -144,7 +130,7 @@ ConvPlan& CudaBackend::conv_plan(const ConvShape& cs, DType t) {
 
 void CudaBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                  const Tensor* bias, Activation act, const Tensor& y) {
-  check_conv(cs, x, w, y);
+  check_conv_shapes(cs, x, w, y);
   check_device(x, "convolution input");
   check_device(w, "convolution filter");
   check_device(y, "convolution output");
@@ -175,7 +161,7 @@ void CudaBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Ten
 
 void CudaBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
                                        const Tensor& dx) {
-  check_conv(cs, dx, w, dy);
+  check_conv_shapes(cs, dx, w, dy);
   check_device(dy, "convolution output gradient");
   check_device(w, "convolution filter");
   check_device(dx, "convolution input gradient");
@@ -196,7 +182,7 @@ void CudaBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, co
 
 void CudaBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                          const Tensor& dw, const Tensor* db) {
-  check_conv(cs, x, dw, dy);
+  check_conv_shapes(cs, x, dw, dy);
   check_device(x, "convolution input");
   check_device(dy, "convolution output gradient");
   check_device(dw, "convolution filter gradient");

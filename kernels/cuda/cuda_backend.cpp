@@ -231,11 +231,7 @@ void CudaBackend::adamw_step(const AdamWConfig& cfg, const Tensor& param, const 
 void CudaBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                     const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
-  RT_CHECK(ps.kernel > 0 && ps.stride > 0 && P > 0 && Q > 0 && x.numel() == planes * ps.h * ps.w &&
-               y.numel() == planes * P * Q && argmax.numel() == y.numel() &&
-               argmax.dtype == DType::i32 && x.dtype == y.dtype,
-           "max pooling shapes do not match: x ", shape_str(x.shape), " y ", shape_str(y.shape),
-           " kernel ", ps.kernel, " stride ", ps.stride);
+  check_pool_shapes(ps, x, y, argmax);
   check_device(x, "max pool input");
   check_device(y, "max pool output");
   check_device(argmax, "max pool argmax");
@@ -277,25 +273,11 @@ void CudaBackend::avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
                      dx.dim(2) * dx.dim(3), stream());
 }
 
-namespace {
-struct NchwDims {
-  int64_t n, c, hw;
-};
-NchwDims bn_dims(const Tensor& x, const Tensor& gamma) {
-  RT_CHECK(x.shape.size() >= 2, "batch norm takes [N, C, ...], got ", shape_str(x.shape));
-  NchwDims d{x.dim(0), x.dim(1), 1};
-  for (size_t i = 2; i < x.shape.size(); ++i) d.hw *= x.dim(i);
-  RT_CHECK(gamma.numel() == d.c && gamma.dtype == DType::f32, "batch norm of ", d.c,
-           " channels got fp32 parameters of ", gamma.numel());
-  return d;
-}
-}  // namespace
-
 void CudaBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
                                     const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
                                     const Tensor& y, const Tensor& mean, const Tensor& invstd) {
-  const NchwDims d = bn_dims(x, gamma);
+  const NchwDims d = batchnorm_dims(x, gamma);
   RT_CHECK(y.numel() == x.numel() && beta.numel() == d.c && running_mean.numel() == d.c &&
                running_var.numel() == d.c && mean.numel() == d.c && invstd.numel() == d.c,
            "batch norm tensors do not match ", d.c, " channels");
@@ -310,7 +292,7 @@ void CudaBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, c
 void CudaBackend::batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
                                      const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
-  const NchwDims d = bn_dims(x, gamma);
+  const NchwDims d = batchnorm_dims(x, gamma);
   RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dgamma.numel() == d.c &&
                dbeta.numel() == d.c && dgamma.dtype == DType::f32 && dbeta.dtype == DType::f32,
            "batch norm gradient tensors do not match ", d.c, " channels");
