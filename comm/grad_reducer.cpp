@@ -18,8 +18,8 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
   if (cfg.wire == grad.dtype) {
     wire_ = grad;  // reduce in place
   } else {
-    wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire));
-    wire_ = Tensor(wire_storage_.data(), grad.shape, cfg.wire);
+    wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire), grad.device);
+    wire_ = Tensor(wire_storage_.data(), grad.shape, cfg.wire, grad.device);
   }
   // Buckets from the last group (layer) backwards. Like PyTorch DDP, a bucket is closed
   // before the group that would take it past its cap; a group larger than the cap gets a
@@ -87,7 +87,9 @@ void GradReducer::reduce(size_t b) {
   const auto t0 = Clock::now();
   if (wire_.data != grad_.data) {
     const Tensor src = grad_.slice(k.offset, {k.count}), dst = wire_.slice(k.offset, {k.count});
-    if (grad_.dtype == DType::f32) {
+    if (cfg_.cast) {
+      cfg_.cast(src, dst);
+    } else if (grad_.dtype == DType::f32) {
       kernels::host_from_f32(src.as<float>(), dst.data, dst.dtype, k.count);
     } else if (dst.dtype == DType::f32) {
       kernels::host_to_f32(src.data, src.dtype, dst.as<float>(), k.count);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -28,6 +29,10 @@ struct ReducerConfig {
   int64_t first_bucket_bytes = 1 << 20;  // PyTorch DDP's first bucket
   bool overlap = true;
   double stall_timeout_s = 300;  // <= 0: no stall detection
+  // The conversion of a bucket into the wire dtype (src and dst: same-numel slices of the
+  // gradient and wire buffers), called on whichever thread reduces the bucket. Empty: the
+  // host conversion helpers, which need host buffers; device buffers pass a device cast.
+  std::function<void(const Tensor& src, const Tensor& dst)> cast;
 };
 
 struct Bucket {

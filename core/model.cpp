@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -231,17 +232,33 @@ void collect(Layer* l, const std::string& prefix,
 }  // namespace
 
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
+  // The values are drawn on the host. Device buffers are filled through host staging
+  // copies and uploaded whole; on the host, `m` and `s` are the buffers themselves.
+  const bool on_host = master_.device().kind == Device::cpu;
+  Buffer m_stage, s_stage;
+  Tensor m = master(), s = state();
+  if (!on_host) {
+    m_stage = Buffer(master_.bytes(), Device{});
+    s_stage = Buffer(state_.bytes(), Device{});
+    m = Tensor(m_stage.data(), m.shape, DType::f32, Device{});
+    s = Tensor(s_stage.data(), s.shape, DType::f32, Device{});
+  }
   for (Param& p : params_) {
+    const Tensor dst = m.slice(p.offset, p.shape);  // p.master on the host
     if (p.init != Init::fan_in_uniform) {
-      fill(p.master, p.init);
+      fill(dst, p.init);
       continue;
     }
     Rng rng(mix_seed(seed, hash_name(p.name)));
     const float bound = 1.f / std::sqrt(float(p.fan_in));
-    float* v = p.master.as<float>();
-    for (int64_t j = 0; j < p.master.numel(); ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
+    float* v = dst.as<float>();
+    for (int64_t j = 0; j < dst.numel(); ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
   }
-  for (StateBuffer& b : buffers_) fill(b.value, b.init);
+  for (StateBuffer& b : buffers_) fill(s.slice(b.offset, b.shape), b.init);
+  if (!on_host) {
+    copy_bytes(master_.data(), master_.device(), m.data, Device{}, master_.bytes());
+    copy_bytes(state_.data(), state_.device(), s.data, Device{}, state_.bytes());
+  }
   refresh_working_copy(backend);
 }
 
@@ -268,7 +285,10 @@ void Model::refresh_working_copy(kernels::Backend& backend) {
 const Tensor& Model::forward(Context& ctx, const Tensor& x,
                              const std::function<void(size_t, const Tensor&)>& after_layer) {
   const Tensor* cur = &x;
+  const bool label = master_.device().kind != Device::cpu;  // the host path stays as it was
   for (size_t l = 0; l < layers_.size(); ++l) {
+    std::optional<AllocScope> scope;
+    if (label) scope.emplace(layers_[l]->name());
     cur = &layers_[l]->forward(ctx, *cur);
     if (after_layer) after_layer(l, *cur);
   }
@@ -278,8 +298,13 @@ const Tensor& Model::forward(Context& ctx, const Tensor& x,
 void Model::backward(Context& ctx, const Tensor& dlogits,
                      const std::function<void(size_t)>& grad_ready) {
   const Tensor* cur = &dlogits;
+  const bool label = master_.device().kind != Device::cpu;
   for (size_t l = layers_.size(); l-- > 0;) {
-    cur = &layers_[l]->backward(ctx, *cur);
+    {
+      std::optional<AllocScope> scope;
+      if (label) scope.emplace(layers_[l]->name());
+      cur = &layers_[l]->backward(ctx, *cur);
+    }
     if (backward_hook_) backward_hook_(l, *cur);
     if (!grad_ready) continue;
     const auto [first, count] = layer_params_[l];
@@ -323,8 +348,13 @@ Layers build_cnn(const ModelSpec& spec) {
   Layers layers;
   const int64_t c = spec.input[0], h = spec.input[1], w = spec.input[2];
   add<Conv2D>(layers, "conv1", Conv2D::Options{c, 32, 3, 1, 0, true, Activation::relu});
-  add<Conv2D>(layers, "conv2", Conv2D::Options{32, 64, 3, 1, 0, true, Activation::relu});
-  add<MaxPool2D>(layers, "pool", 2, 2);
+  auto conv2 =
+      std::make_unique<Conv2D>("conv2", Conv2D::Options{32, 64, 3, 1, 0, true, Activation::relu});
+  auto pool = std::make_unique<MaxPool2D>("pool", 2, 2);
+  conv2->set_relu_grad_done_by_next(true);  // the pooling applies conv2's ReLU gradient
+  pool->set_relu_input(true);
+  layers.push_back(std::move(conv2));
+  layers.push_back(std::move(pool));
   add<Dropout>(layers, "dropout", float(spec.dropout));
   add<Flatten>(layers, "flatten");
   const int64_t features = 64 * ((h - 4) / 2) * ((w - 4) / 2);

@@ -46,7 +46,11 @@ class Model {
   // Non-trainable fp32 state (BatchNorm running averages), in one flat buffer.
   std::vector<StateBuffer>& buffers() { return buffers_; }
   int64_t num_buffer_elems() const { return num_buffer_elems_; }
-  Tensor state() const { return Tensor(state_.data(), {num_buffer_elems_}, DType::f32); }
+  Tensor state() const {
+    return Tensor(state_.data(), {num_buffer_elems_}, DType::f32, state_.device());
+  }
+  // Where the flat buffers live: the DeviceScope's device when the model was built.
+  Device device() const { return master_.device(); }
   // The layer of that name, searching inside blocks too ("stage1.block1.conv1"); null if none.
   Layer* find_layer(const std::string& name) const;
   // Every layer name, blocks' inner layers included (for messages).
@@ -60,12 +64,14 @@ class Model {
 
   // Draws the masters from `seed` (one stream per parameter name, so the values do not
   // depend on the layer order), resets the state buffers and refreshes the working copy.
+  // On the host; a model on a GPU receives the values through host staging buffers.
   void init_parameters(uint64_t seed, kernels::Backend& backend);
   // After the masters were replaced (checkpoint, broadcast): working copy = cast(masters).
   void refresh_working_copy(kernels::Backend& backend);
 
   // Logits in fp32 (the precision policy keeps the last layer's output in fp32).
-  // after_layer(l, y), if given, sees each layer's output (diagnostics, tracing).
+  // after_layer(l, y), if given, sees each layer's output (diagnostics, tracing). On a GPU,
+  // each layer's allocations carry its name (AllocScope) for out-of-memory messages.
   const Tensor& forward(Context& ctx, const Tensor& x,
                         const std::function<void(size_t, const Tensor&)>& after_layer = {});
   // Called after each layer's backward with the layer index and its input gradient
@@ -81,7 +87,9 @@ class Model {
                 const std::function<void(size_t)>& grad_ready = {});
 
  private:
-  Tensor flat(const Buffer& b, DType t) const { return Tensor(b.data(), {num_params_}, t); }
+  Tensor flat(const Buffer& b, DType t) const {
+    return Tensor(b.data(), {num_params_}, t, b.device());
+  }
 
   ModelSpec spec_;
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -31,7 +31,9 @@ class Optimizer {
                     const Tensor* work, float lr) = 0;
   // Named flat state buffers ("momentum"; "exp_avg", "exp_avg_sq").
   const std::vector<std::string>& state_names() const { return names_; }
-  Tensor state(size_t i) const { return Tensor(state_[i].data(), {n_}, DType::f32); }
+  Tensor state(size_t i) const {
+    return Tensor(state_[i].data(), {n_}, DType::f32, state_[i].device());
+  }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 

@@ -69,8 +69,9 @@ void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
   }
   Shape xs = {local_batch_};
   xs.insert(xs.end(), data_.info().sample_shape.begin(), data_.info().sample_shape.end());
-  slot.batch.x = slot.x.ensure(xs, DType::f32);
-  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32);
+  // Host memory whatever DeviceScope the caller is in (the Trainer uploads it for a GPU).
+  slot.batch.x = slot.x.ensure(xs, DType::f32, Device{});
+  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32, Device{});
   slot.batch.epoch = epoch;
   slot.batch.position = position;
   const int64_t* idx = perm_.data() + position + int64_t(rank_) * local_batch_;

@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "comm/hierarchical.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 #include "io/idx.hpp"
+#include "launch/device.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
 #include "launch/metrics.hpp"
@@ -37,11 +37,9 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   install_stop_handlers();  // from the start: a signal during setup stops at the first step
   TrainConfig cfg;
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
-  std::unique_ptr<comm::Communicator> hierarchical;
-  if (cfg.comm == "hierarchical")
-    agree(comm,
-          [&] { hierarchical = std::make_unique<comm::HierarchicalCommunicator>(comm.mpi()); });
-  Trainer trainer(cfg, hierarchical ? *hierarchical : comm);
+  // hierarchical, or on cuda NCCL or MPI staged through host memory; null: comm itself.
+  std::unique_ptr<comm::Communicator> own = make_train_communicator(cfg, comm);
+  Trainer trainer(cfg, own ? *own : comm);
   return trainer.run();
 }
 
@@ -53,7 +51,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   std::unique_ptr<kernels::Backend> backend;
   io::CheckpointMeta meta;
   agree(comm, [&] {
-    backend = kernels::make_cpu_backend(threads_for_rank(cfg.threads, comm));
+    const Device device = choose_device(cfg.device, comm);
+    backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     meta = io::read_checkpoint_meta(cfg.checkpoint);
     data = std::make_unique<io::Dataset>(cfg.data);
     ModelSpec spec = ModelSpec::from_json(meta.model);
@@ -62,9 +61,19 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
                cfg.checkpoint, "' holds a model for ", shape_str(spec.input));
     RT_REQUIRE(data->info().num_classes <= spec.classes, "--data '", cfg.data, "' has ",
                data->info().num_classes, " classes but the model predicts ", spec.classes);
-    model = build_model(spec, cfg.precision);
-    io::read_checkpoint_params(cfg.checkpoint, master_views(*model));
-    io::read_checkpoint_buffers(cfg.checkpoint, buffer_views(*model));
+    {
+      DeviceScope on_device(device);
+      model = build_model(spec, cfg.precision);
+    }
+    if (device.kind == Device::cpu) {
+      io::read_checkpoint_params(cfg.checkpoint, master_views(*model));
+      io::read_checkpoint_buffers(cfg.checkpoint, buffer_views(*model));
+    } else {  // read into host copies, then upload
+      HostMirror host(*model, nullptr);
+      io::read_checkpoint_params(cfg.checkpoint, host.params);
+      io::read_checkpoint_buffers(cfg.checkpoint, host.buffers);
+      host.upload();
+    }
     model->refresh_working_copy(*backend);
   });
   EvalResult r;

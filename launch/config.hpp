@@ -64,6 +64,8 @@ struct EvalConfig {
   int64_t batch_size = 256;
   DType precision = DType::f32;
   int threads = 0;
+  std::string device = "cpu";       // cpu | cuda
+  std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION
   std::string metrics;
 };
 

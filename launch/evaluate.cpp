@@ -13,7 +13,11 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
   Context ctx{backend, model.compute_dtype(), /*training=*/false};
   Shape xs = {batch};
   xs.insert(xs.end(), data.info().sample_shape.begin(), data.info().sample_shape.end());
-  OwnedTensor x, xc, y;
+  // The samples are read into host memory; on a GPU they are uploaded, and the model's
+  // activations are allocated on the backend's device.
+  const Device dev = backend.device();
+  DeviceScope on_device(dev);
+  OwnedTensor x, xc, y, xd, yd;
   std::vector<int64_t> idx;
   double sums[2] = {0, 0};  // loss sum, correct
   for (int64_t start = lo; start < hi; start += batch) {
@@ -21,16 +25,24 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
     xs[0] = b;
     idx.resize(size_t(b));
     for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
-    Tensor& xf = x.ensure(xs, DType::f32);
-    Tensor& yt = y.ensure({b}, DType::i32);
-    data.read(idx.data(), b, xf.as<float>(), yt.as<int32_t>(), mean, std);
-    const Tensor* in = &xf;
+    Tensor* xf = &x.ensure(xs, DType::f32, Device{});
+    Tensor* yt = &y.ensure({b}, DType::i32, Device{});
+    data.read(idx.data(), b, xf->as<float>(), yt->as<int32_t>(), mean, std);
+    if (dev.kind != Device::cpu) {
+      Tensor& xu = xd.ensure(xs, DType::f32, dev);
+      Tensor& yu = yd.ensure({b}, DType::i32, dev);
+      copy_bytes(xu.data, dev, xf->data, Device{}, xf->bytes());
+      copy_bytes(yu.data, dev, yt->data, Device{}, yt->bytes());
+      xf = &xu;
+      yt = &yu;
+    }
+    const Tensor* in = xf;
     if (ctx.compute != DType::f32) {
-      backend.cast(xf, xc.ensure(xs, ctx.compute));
+      backend.cast(*xf, xc.ensure(xs, ctx.compute));
       in = &xc.view;
     }
     const Tensor& logits = model.forward(ctx, *in);
-    auto r = backend.softmax_xent(logits, yt, 1.f, nullptr);
+    auto r = backend.softmax_xent(logits, *yt, 1.f, nullptr);
     sums[0] += r.loss_sum;
     sums[1] += double(r.correct);
   }

@@ -35,11 +35,13 @@ void NumericsCheck::begin_step(int64_t step) {
 void NumericsCheck::after_forward(size_t layer, const Tensor& y) {
   if (rank_ == inject_rank_ && step_ == inject_step_ &&
       model_.layers()[layer]->name() == inject_layer_) {
+    // Through copy_bytes, so that an output in GPU memory takes the nan too.
     const float nan = std::numeric_limits<float>::quiet_NaN();
+    const uint16_t nan16 = y.dtype == DType::f16 ? float_to_half(nan) : float_to_bf16(nan);
     if (y.dtype == DType::f32)
-      y.as<float>()[0] = nan;
+      copy_bytes(y.data, y.device, &nan, Device{}, sizeof nan);
     else
-      y.as<uint16_t>()[0] = y.dtype == DType::f16 ? float_to_half(nan) : float_to_bf16(nan);
+      copy_bytes(y.data, y.device, &nan16, Device{}, sizeof nan16);
   }
   if (enabled_ && first_bad_ < 0 && backend_.any_nonfinite(y)) first_bad_ = 2 * int64_t(layer);
 }

@@ -197,12 +197,6 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
              "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
              "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
-  // The CUDA backend, NCCL communicator, GPU tests and benchmark exist (docs/gpu.md), but
-  // the Trainer does not yet keep the model on the device: say so rather than half-work.
-  RT_REQUIRE(c.device != "cuda",
-             "--device 'cuda': this build has the CUDA backend (kernels, NCCL, GPU tests and "
-             "benchmarks/gpu/check.sh, see docs/gpu.md), but `ringtrain train` does not run on "
-             "it yet; use --device cpu");
   if (!wire.empty()) {
     c.wire_dtype = parse_float_dtype(wire, "--wire-dtype");
     c.wire_dtype_given = true;
@@ -246,6 +240,8 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
       ("batch-size", po::value<int64_t>(&c.batch_size)->default_value(256), "samples per rank per forward pass")
       ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 compute")
       ("threads", po::value(&c.threads)->default_value(0), "threads per rank (0: cores / ranks on the node)")
+      ("device", po::value(&c.device)->default_value("cpu"), "cpu | cuda")
+      ("gpu-memory", po::value(&c.gpu_memory)->default_value("grow"), "cuda: grow | reserve:FRACTION")
       ("metrics", po::value(&c.metrics), "append an eval record to this JSON-lines file");
   // clang-format on
   po::variables_map vm;
@@ -253,6 +249,12 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive(vm, "batch-size");
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is negative");
+  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+             "' is not known; expected cpu or cuda");
+  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);
+  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
   return true;
 }
 

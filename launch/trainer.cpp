@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/rng.hpp"
+#include "kernels/cuda/cuda_api.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
 #include "launch/signals.hpp"
@@ -107,7 +108,8 @@ std::string duration_str(double seconds) {
 }
 
 void Trainer::setup() {
-  backend_ = kernels::make_cpu_backend(threads_for_rank(cfg_.threads, comm_));
+  device_ = choose_device(cfg_.device, comm_);
+  backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
   data_ = std::make_unique<io::Dataset>(cfg_.data);
   const auto& info = data_->info();
   if (!cfg_.val_data.empty()) {
@@ -135,6 +137,8 @@ void Trainer::setup() {
   spec.width = cfg_.width;
   spec.activation = cfg_.activation;
   spec.layer_precision = cfg_.layer_precision;
+  // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
+  DeviceScope on_device(device_);
   model_ = build_model(spec, cfg_.precision);
   optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
   LossScalerConfig ls = cfg_.loss_scale;
@@ -163,9 +167,10 @@ void Trainer::setup() {
 
   grad32_storage_ =
       cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
-  grad32_ = cfg_.precision == DType::f32
-                ? model_->grad()
-                : Tensor(grad32_storage_.data(), {model_->num_params()}, DType::f32);
+  grad32_ = cfg_.precision == DType::f32 ? model_->grad()
+                                         : Tensor(grad32_storage_.data(), {model_->num_params()},
+                                                  DType::f32, grad32_storage_.device());
+  if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
 }
 
 void Trainer::make_reducer() {
@@ -175,6 +180,16 @@ void Trainer::make_reducer() {
   rc.first_bucket_bytes = std::min<int64_t>(rc.bucket_bytes, 1 << 20);
   rc.overlap = cfg_.overlap;
   rc.stall_timeout_s = cfg_.stall_timeout;
+  if (device_.kind == Device::cuda && rc.wire != cfg_.precision) {
+    // Device buckets are cast on the device, by a backend of the communication thread's own
+    // (its scratch apart from the main thread's), on the device's stream, so the cast runs
+    // after the backward kernels that wrote the bucket and before the collective reads it.
+    wire_backend_ = make_backend(device_, 1, cfg_.gpu_memory);
+    rc.cast = [this](const Tensor& src, const Tensor& dst) {
+      kernels::cuda::synchronize(device_.index);  // also makes the device this thread's
+      wire_backend_->cast(src, dst);
+    };
+  }
   // The communication thread and the stall watch call MPI beside the main thread.
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
@@ -192,6 +207,7 @@ void Trainer::make_reducer() {
     const auto [first, count] = model_->layer_params()[l];
     for (size_t i = first; i < first + count; ++i) layer_of[i] = l;
   }
+  DeviceScope on_device(device_);  // the wire buffer, when the wire dtype differs
   reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
@@ -213,8 +229,9 @@ Trainer::StepOutcome Trainer::step_once() {
   const int64_t step = step_ + 1;
   tracing_ = timeline_.on(step);  // one branch per span site when --timeline is off
   const auto t_start = Clock::now();
-  const io::Batch& batch = loader_->next();
+  const io::Batch& batch = stage_batch_(loader_->next(), device_);  // cuda: uploaded
   const auto t_data = Clock::now();
+  DeviceScope on_device(device_);  // activations and scratch (after the loader's host batch)
   if (tracing_) timeline_.span("data wait", "data", 0, t_start, t_data, step);
   epoch_ = batch.epoch;
   Context ctx{*backend_, cfg_.precision, true,
@@ -334,8 +351,11 @@ void Trainer::save_checkpoint() {
     m.input_mean = mean_;
     m.input_std = std_;
     sync_buffers();
-    const uint64_t bytes = store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(),
-                                        {}, buffer_views(*model_));
+    if (host_) host_->download();  // cuda: the store writes host memory
+    const uint64_t bytes =
+        host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
+              : store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(), {},
+                             buffer_views(*model_));
     if (comm_.rank() != 0) return;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     metrics_.write(JsonLine()
@@ -380,16 +400,18 @@ void Trainer::run_eval() {
 int Trainer::run() {
   const auto& info = data_->info();
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
-          " node(s), device cpu, ", backend_->threads(), " thread(s)/rank, precision ",
-          dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
-          ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
-          comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
-          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
+          " node(s), device ", device_str(device_), ", ", backend_->threads(),
+          " thread(s)/rank, precision ", dtype_name(cfg_.precision),
+          cfg_.precision == DType::f32 ? "" : " (fp32 masters)", ", global batch ", global_batch_,
+          " (", loader_->local_batch(), "/rank), comm ", comm_.backend(), " in ",
+          dtype_name(reducer_->result().dtype), ", ", reducer_->buckets().size(),
+          " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
           model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",
           loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
+  announce_device(device_, cfg_.precision, comm_);
   last_save_time_ = Clock::now();
   auto window_start = Clock::now();
   int64_t window_steps = 0;
@@ -398,10 +420,13 @@ int Trainer::run() {
   while (step_ < total_steps_) {
     const StepOutcome out = step_once();
     if (tensorboard_ && cfg_.histogram_every > 0 && step_ % cfg_.histogram_every == 0) {
-      for (const auto& par : model_->params()) {  // fp32 masters and this step's gradient
-        tensorboard_->histogram("weights/" + par.name, step_, par.master.as<float>(),
+      // fp32 masters and this step's gradient (cuda: copied to the host first)
+      const float* masters = host_floats(model_->master(), hist_values_[0]);
+      const float* grads = host_floats(grad32_, hist_values_[1]);
+      for (const auto& par : model_->params()) {
+        tensorboard_->histogram("weights/" + par.name, step_, masters + par.offset,
                                 par.master.numel());
-        tensorboard_->histogram("gradients/" + par.name, step_, grad32_.as<float>() + par.offset,
+        tensorboard_->histogram("gradients/" + par.name, step_, grads + par.offset,
                                 par.master.numel());
       }
     }

@@ -16,6 +16,7 @@
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
 #include "launch/config.hpp"
+#include "launch/device.hpp"
 #include "launch/metrics.hpp"
 #include "launch/numerics.hpp"
 #include "launch/tensorboard.hpp"
@@ -78,7 +79,12 @@ class Trainer {
 
   TrainConfig cfg_;
   comm::Communicator& comm_;
+  Device device_;  // cpu, or this rank's GPU (--device cuda): see launch/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<kernels::Backend> wire_backend_;  // cuda: the wire-dtype casts of buckets
+  BatchStage stage_batch_;                          // cuda: the batch uploaded
+  std::unique_ptr<HostMirror> host_;                // cuda: host copies for checkpoints
+  std::vector<float> hist_values_[2];               // cuda: histograms' values on the host
   std::unique_ptr<io::Dataset> data_, val_;
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<Model> model_;

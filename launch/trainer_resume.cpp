@@ -107,9 +107,16 @@ void Trainer::start_from(const std::string& path) {
                ", drop --batch-size, or give --global-batch-size to change it");
   }
   make_loader(g);
-  io::read_checkpoint_params(path, master_views(*model_));
-  io::read_checkpoint_buffers(path, buffer_views(*model_));
-  io::read_checkpoint_optimizer(path, optimizer_views());
+  if (host_) {  // cuda: read into host copies, then upload
+    io::read_checkpoint_params(path, host_->params);
+    io::read_checkpoint_buffers(path, host_->buffers);
+    io::read_checkpoint_optimizer(path, host_->optimizer);
+    host_->upload();
+  } else {
+    io::read_checkpoint_params(path, master_views(*model_));
+    io::read_checkpoint_buffers(path, buffer_views(*model_));
+    io::read_checkpoint_optimizer(path, optimizer_views());
+  }
   optimizer_->set_steps(m.optimizer_step);
   // The loss scale belongs to the precision it was found in: another precision starts anew.
   if (m.precision == dtype_name(cfg_.precision))

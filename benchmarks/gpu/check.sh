@@ -2,7 +2,8 @@
 # The GPU check of the CUDA backend, for one GPU (written for an H200; under 8 minutes with
 # the build): configures and builds the GPU targets, runs the `gpu` tests (every CUDA op
 # against the CPU backend, the allocator, 10 training steps per model against the CPU,
-# NCCL at 1 rank), then gpu_bench: GEMM TFLOP/s of our path against direct cuBLAS, step
+# NCCL at 1 rank, and gpu_train_cli: `ringtrain train --device cuda` against
+# `--device cpu`), then gpu_bench: GEMM TFLOP/s of our path against direct cuBLAS, step
 # time and samples/s of the MLP, the CNN and a GEMM-bound MLP in fp32/fp16/bf16, and the
 # share of the step in unscale + check + optimizer. Writes summary.json and prints a table.
 set -euo pipefail
@@ -63,7 +64,7 @@ if ! cmake --build "$build" -j"$jobs" --target gpu_tests gpu_nccl_tests gpu_benc
 fi
 "$build/bin/ringtrain" --version | tee "$out/version.txt"
 
-stamp "ctest -L gpu"
+stamp "ctest -L gpu (gpu_train_cli: ringtrain train --device cuda against --device cpu)"
 tests_rc=0
 (cd "$build" && ctest -L gpu --output-on-failure --timeout 400) 2>&1 | tee "$out/ctest.log" \
   || tests_rc=$?

@@ -1,0 +1,140 @@
+// The device plumbing of train and eval (see device.hpp). Only plain C++ here: the CUDA
+// backend and NCCL are reached through kernels/cuda/cuda_api.hpp and comm/nccl/nccl_api.hpp,
+// whose stubs answer "not built" in a build without CUDA.
+#include "launch/device.hpp"
+
+#include <iostream>
+
+#include "comm/hierarchical.hpp"
+#include "comm/mpi/mpi_communicator.hpp"
+#include "comm/nccl/nccl_api.hpp"
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_api.hpp"
+#include "launch/job.hpp"
+
+namespace ringtrain::launch {
+
+std::string device_str(Device d) {
+  return d.kind == Device::cpu ? std::string("cpu") : cat("cuda:", d.index);
+}
+
+Device choose_device(const std::string& name, const comm::Communicator& comm) {
+  if (name != "cuda") return Device{};
+  RT_REQUIRE(kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  std::string why;
+  RT_REQUIRE(kernels::cuda::device_count(&why) > 0, "--device 'cuda': no usable CUDA device on ",
+             hostname(), " (", why, "); run on a GPU node or use --device cpu");
+  return Device{Device::cuda, kernels::cuda::device_for_local_rank(comm.local_rank())};
+}
+
+std::unique_ptr<kernels::Backend> make_backend(Device device, int threads,
+                                               const std::string& gpu_memory) {
+  if (device.kind == Device::cpu) return kernels::make_cpu_backend(threads);
+  auto backend = kernels::cuda::make_cuda_backend(device.index,
+                                                  kernels::cuda::MemoryPolicy::parse(gpu_memory));
+  backend->set_threads(threads);  // host threads: the banner reports them, the GPU ignores them
+  return backend;
+}
+
+std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& cfg,
+                                                            comm::Communicator& world) {
+  std::unique_ptr<comm::Communicator> out;
+  if (cfg.device != "cuda") {
+    if (cfg.comm == "hierarchical")
+      agree(world, [&] { out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi()); });
+    return out;
+  }
+  // Every rank has its GPU, with the allocator policy of --gpu-memory, before any NCCL call:
+  // NCCL's set-up touches the device, which would create its runtime with the default policy.
+  Device dev;
+  agree(world, [&] {
+    dev = choose_device(cfg.device, world);
+    (void)make_backend(dev, 1, cfg.gpu_memory);
+  });
+  agree(world, [&] {
+    if (cfg.comm == "nccl")
+      out = comm::make_nccl_communicator(world.mpi(), dev.index);
+    else if (cfg.comm == "hierarchical")
+      out = comm::make_nccl_hierarchical(world.mpi(), dev.index);
+    else  // mpi: device buffers go through host memory around each collective
+      out = comm::make_staged_communicator(std::make_unique<comm::MpiCommunicator>(world.mpi()),
+                                           dev.index);
+  });
+  return out;
+}
+
+void announce_device(Device device, DType precision, const comm::Communicator& comm) {
+  if (device.kind != Device::cuda || comm.local_rank() != 0) return;
+  const kernels::cuda::DeviceInfo info = kernels::cuda::device_info(device.index);
+  // One write per line: through mpirun, the nodes' lines must not interleave.
+  std::cout << cat("gpu: node ", comm.node(), " (", hostname(), ", rank ", comm.rank(), " of ",
+                   comm.local_size(), " on the node): ", kernels::cuda::describe(info), "\n")
+            << std::flush;
+  const std::string warning = kernels::cuda::precision_warning(info, precision);
+  if (!warning.empty())
+    std::cerr << cat("ringtrain: warning: ", warning, " [node ", comm.node(), ", ", hostname(),
+                     "]\n")
+              << std::flush;
+}
+
+const io::Batch& BatchStage::operator()(const io::Batch& host, Device device) {
+  if (device.kind == Device::cpu) return host;
+  const Tensor& x = x_.ensure(host.x.shape, host.x.dtype, device);
+  const Tensor& y = y_.ensure(host.y.shape, host.y.dtype, device);
+  copy_bytes(x.data, device, host.x.data, host.x.device, host.x.bytes());
+  copy_bytes(y.data, device, host.y.data, host.y.device, host.y.bytes());
+  batch_ = host;
+  batch_.x = x;
+  batch_.y = y;
+  return batch_;
+}
+
+HostMirror::HostMirror(Model& model, const Optimizer* opt) : model_(model), opt_(opt) {
+  const Device host{};
+  master_ = Buffer(model.master().bytes(), host);
+  state_ = Buffer(model.state().bytes(), host);
+  const Tensor m(master_.data(), {model.num_params()}, DType::f32, host);
+  const Tensor s(state_.data(), {model.num_buffer_elems()}, DType::f32, host);
+  for (const auto& p : model.params()) params.push_back({p.name, m.slice(p.offset, p.shape)});
+  for (const auto& b : model.buffers()) buffers.push_back({b.name, s.slice(b.offset, b.shape)});
+  if (!opt_) return;
+  for (size_t i = 0; i < opt_->state_names().size(); ++i) {
+    opt_state_.emplace_back(opt_->state(i).bytes(), host);
+    const Tensor t(opt_state_.back().data(), {model.num_params()}, DType::f32, host);
+    io::OptimizerState st{opt_->state_names()[i], {}};
+    for (const auto& p : model.params())
+      st.per_param.push_back({p.name, t.slice(p.offset, p.shape)});
+    optimizer.push_back(std::move(st));
+  }
+}
+
+void HostMirror::download() {
+  const Tensor m = model_.master(), s = model_.state();
+  copy_bytes(master_.data(), Device{}, m.data, m.device, m.bytes());
+  copy_bytes(state_.data(), Device{}, s.data, s.device, s.bytes());
+  for (size_t i = 0; i < opt_state_.size(); ++i) {
+    const Tensor t = opt_->state(i);
+    copy_bytes(opt_state_[i].data(), Device{}, t.data, t.device, t.bytes());
+  }
+}
+
+void HostMirror::upload() {
+  const Tensor m = model_.master(), s = model_.state();
+  copy_bytes(m.data, m.device, master_.data(), Device{}, m.bytes());
+  copy_bytes(s.data, s.device, state_.data(), Device{}, s.bytes());
+  for (size_t i = 0; i < opt_state_.size(); ++i) {
+    const Tensor t = opt_->state(i);
+    copy_bytes(t.data, t.device, opt_state_[i].data(), Device{}, t.bytes());
+  }
+}
+
+const float* host_floats(const Tensor& t, std::vector<float>& staging) {
+  if (t.device.kind == Device::cpu) return t.as<float>();
+  staging.resize(size_t(t.numel()));
+  copy_bytes(staging.data(), Device{}, t.data, t.device, t.bytes());
+  return staging.data();
+}
+
+}  // namespace ringtrain::launch
