@@ -123,7 +123,7 @@ const Tensor& Conv2D::forward(Context& ctx, const Tensor& x) {
 }
 
 const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
-  const Tensor dy = relu_masked(ctx, o_.act, y_.view, dy_in, dy_);
+  const Tensor dy = relu_grad_by_next_ ? dy_in : relu_masked(ctx, o_.act, y_.view, dy_in, dy_);
   const Tensor dw = grad_target(ctx, *weight_, dw_);
   ctx.backend.conv2d_backward_filter(cs_, x_, dy, dw, bias_ ? &bias_->grad : nullptr);
   commit_grad(ctx, *weight_, dw);
@@ -171,7 +171,7 @@ const Tensor& GELU::backward(Context& ctx, const Tensor& dy) {
 const Tensor& MaxPool2D::forward(Context& ctx, const Tensor& x) {
   RT_REQUIRE(x.shape.size() == 4 && x.dim(2) >= kernel_ && x.dim(3) >= kernel_, "layer ", name(),
              " expects input [N, C, H, W] with H, W >= ", kernel_, ", got ", shape_str(x.shape));
-  ps_ = {x.dim(0), x.dim(1), x.dim(2), x.dim(3), kernel_, stride_};
+  ps_ = {x.dim(0), x.dim(1), x.dim(2), x.dim(3), kernel_, stride_, relu_input_};
   x_shape_ = x.shape;
   const Tensor& xi = in_dtype(ctx, x, xin_);
   const Shape ys{ps_.n, ps_.c, ps_.p(), ps_.q()};

@@ -138,6 +138,8 @@ class Conv2D final : public Layer {
     kernels::Activation act = kernels::Activation::none;
   };
   Conv2D(std::string name, Options o) : Layer(std::move(name)), o_(o) {}
+  // The next layer applies this layer's ReLU gradient (a MaxPool2D with set_relu_input).
+  void set_relu_grad_done_by_next(bool yes) { relu_grad_by_next_ = yes; }
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -145,6 +147,7 @@ class Conv2D final : public Layer {
 
  private:
   Options o_;
+  bool relu_grad_by_next_ = false;
   kernels::ConvShape cs_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
@@ -178,11 +181,15 @@ class MaxPool2D final : public Layer {
  public:
   MaxPool2D(std::string name, int64_t kernel, int64_t stride)
       : Layer(std::move(name)), kernel_(kernel), stride_(stride) {}
+  // The input is the output of a layer's fused ReLU, whose gradient this pooling applies
+  // (kernels::PoolShape::relu_input); that layer then skips its own ReLU mask.
+  void set_relu_input(bool yes) { relu_input_ = yes; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
 
  private:
   int64_t kernel_, stride_;
+  bool relu_input_ = false;
   kernels::PoolShape ps_;
   Shape x_shape_;
   OwnedTensor xin_, y_, argmax_, dy_, dx_;

@@ -48,9 +48,13 @@ struct ConvShape {
 };
 
 // Max pooling of input [N, C, H, W] with a square window; no padding; floor mode.
+// relu_input: the input is a ReLU's output, and the pooling applies that ReLU's gradient
+// too (fused): a window whose maximum is not positive gets argmax -1 and routes no
+// gradient, which is exactly what the ReLU's mask would have zeroed.
 struct PoolShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t kernel = 2, stride = 2;
+  bool relu_input = false;
   int64_t p() const { return (h - kernel) / stride + 1; }
   int64_t q() const { return (w - kernel) / stride + 1; }
 };
@@ -153,7 +157,7 @@ class Backend {
   virtual void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                       const Tensor& dw, const Tensor* db) = 0;
   // y [N, C, P, Q] = window maxima; argmax (i32, same shape as y) = the winner's index
-  // h * W + w within its plane (the first one on ties).
+  // h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
   virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                  const Tensor& argmax) = 0;
   // dx = dy routed to the argmax positions, zero elsewhere (overwritten).

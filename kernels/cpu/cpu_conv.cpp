@@ -245,7 +245,7 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
               }
             }
             py[o + q] = in[best];
-            pa[o + q] = int32_t(best);
+            pa[o + q] = ps.relu_input && bv <= 0.f ? -1 : int32_t(best);
           }
         }
         continue;
@@ -265,7 +265,7 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
             }
           const int64_t o = pl * P * Q + p * Q + q;
           py[o] = in[best];
-          pa[o] = int32_t(best);
+          pa[o] = ps.relu_input && bv <= 0.f ? -1 : int32_t(best);
         }
     }
   });
@@ -289,7 +289,8 @@ void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const
 #pragma omp for
       for (int64_t pl = 0; pl < planes; ++pl) {
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t o = pl * PQ; o < (pl + 1) * PQ; ++o) acc[size_t(pa[o])] += E::load(pd[o]);
+        for (int64_t o = pl * PQ; o < (pl + 1) * PQ; ++o)
+          if (pa[o] >= 0) acc[size_t(pa[o])] += E::load(pd[o]);
         for (int64_t i = 0; i < HW; ++i) px[pl * HW + i] = E::store(acc[size_t(i)]);
       }
     }

@@ -14,7 +14,7 @@ namespace {
 
 template <typename T>
 __global__ void maxpool_fwd(const T* x, T* y, int32_t* argmax, int64_t planes, int64_t h, int64_t w,
-                            int64_t P, int64_t Q, int64_t k, int64_t stride) {
+                            int64_t P, int64_t Q, int64_t k, int64_t stride, bool relu_input) {
   RT_GRID_STRIDE(o, planes * P * Q) {
     const int64_t pl = o / (P * Q), p = o / Q % P, q = o % Q;
     const T* in = x + pl * h * w;
@@ -30,7 +30,7 @@ __global__ void maxpool_fwd(const T* x, T* y, int32_t* argmax, int64_t planes, i
         }
       }
     y[o] = in[best];
-    argmax[o] = int32_t(best);
+    argmax[o] = relu_input && bv <= 0.f ? -1 : int32_t(best);  // see PoolShape::relu_input
   }
 }
 
@@ -192,12 +192,13 @@ __global__ void dropout_bwd(const T* dy, const uint8_t* mask, T* dx, int64_t n, 
 }  // namespace
 
 void launch_maxpool_fwd(const void* x, void* y, int32_t* argmax, DType t, int64_t planes, int64_t h,
-                        int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride,
+                        int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride, bool relu_input,
                         cudaStream_t s) {
   dispatch(t, [&](auto T) {
     using TT = typename decltype(T)::type;
-    maxpool_fwd<<<blocks_for(planes * p * q), kThreads, 0, s>>>(
-        static_cast<const TT*>(x), static_cast<TT*>(y), argmax, planes, h, w, p, q, k, stride);
+    maxpool_fwd<<<blocks_for(planes * p * q), kThreads, 0, s>>>(static_cast<const TT*>(x),
+                                                                static_cast<TT*>(y), argmax, planes,
+                                                                h, w, p, q, k, stride, relu_input);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -236,7 +236,7 @@ void CudaBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const 
   check_device(y, "max pool output");
   check_device(argmax, "max pool argmax");
   launch_maxpool_fwd(x.data, y.data, argmax.as<int32_t>(), x.dtype, planes, ps.h, ps.w, P, Q,
-                     ps.kernel, ps.stride, stream());
+                     ps.kernel, ps.stride, ps.relu_input, stream());
 }
 
 void CudaBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,

@@ -45,7 +45,8 @@ void launch_add(const void* a, DType at, const void* b, DType bt, void* y, DType
 
 // ---- cnn.cu ------------------------------------------------------------------------------
 void launch_maxpool_fwd(const void* x, void* y, int32_t* argmax, DType t, int64_t planes, int64_t h,
-                        int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride, cudaStream_t s);
+                        int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride, bool relu_input,
+                        cudaStream_t s);
 void launch_maxpool_bwd(const void* dy, const int32_t* argmax, void* dx, DType t, int64_t planes,
                         int64_t h, int64_t w, int64_t p, int64_t q, int64_t k, int64_t stride,
                         cudaStream_t s);

@@ -497,6 +497,53 @@ TEST(FusedActivation, ConvReluEqualsSeparateLayers) {
   EXPECT_EQ(copy_of(fused.model->grad()), copy_of(plain.model->grad()));
 }
 
+// conv + fused ReLU + max pooling with the ReLU's gradient applied by the pooling (as the
+// cnn builds it) equals conv, ReLU and pooling as three layers, forward and backward.
+TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
+  auto be = kernels::make_cpu_backend(1);
+  Context ctx{*be, DType::f32, true, 0};
+  auto build = [&](bool fused) {
+    std::vector<std::unique_ptr<Layer>> layers;
+    auto c = std::make_unique<Conv2D>(
+        "conv", Conv2D::Options{2, 3, 3, 1, 1, true, fused ? Activation::relu : Activation::none});
+    auto pool = std::make_unique<MaxPool2D>("pool", 2, 2);
+    if (fused) {
+      c->set_relu_grad_done_by_next(true);
+      pool->set_relu_input(true);
+    }
+    layers.push_back(std::move(c));
+    if (!fused) layers.push_back(std::make_unique<ReLU>("relu"));
+    layers.push_back(std::move(pool));
+    auto m = std::make_unique<Model>(ModelSpec{}, std::move(layers), DType::f32);
+    m->layers()[0]->set_needs_input_grad(true);
+    m->init_parameters(4, *be);
+    return m;
+  };
+  auto fused = build(true), plain = build(false);
+  // Inputs that make many windows all-negative after the convolution.
+  auto xv = uniform_floats(2 * 2 * 6 * 6, -1.f, 0.5f, 12);
+  Tensor x(xv.data(), {2, 2, 6, 6}, DType::f32);
+  const auto yf = copy_of(fused->forward(ctx, x)), yp = copy_of(plain->forward(ctx, x));
+  ASSERT_EQ(yf, yp);
+  int zero_windows = 0;
+  for (float v : yf) zero_windows += v == 0.f;
+  EXPECT_GT(zero_windows, 0) << "the test needs windows whose maximum is 0";
+  auto r = uniform_floats(yf.size(), -1.f, 1.f, 13);
+  Tensor dy(r.data(), {2, 3, 3, 3}, DType::f32);
+  std::vector<float> dxf, dxp;
+  fused->set_backward_hook([&](size_t l, const Tensor& g) {
+    if (l == 0) dxf = copy_of(g);
+  });
+  plain->set_backward_hook([&](size_t l, const Tensor& g) {
+    if (l == 0) dxp = copy_of(g);
+  });
+  fused->backward(ctx, dy);
+  plain->backward(ctx, dy);
+  ASSERT_EQ(dxf.size(), xv.size());
+  EXPECT_EQ(dxf, dxp);
+  EXPECT_EQ(copy_of(fused->grad()), copy_of(plain->grad()));
+}
+
 TEST(DropoutMask, RateDeterminismAndStreams) {
   auto be = kernels::make_cpu_backend(1);
   constexpr int64_t n = 200000;
