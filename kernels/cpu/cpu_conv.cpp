@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
@@ -73,6 +74,56 @@ void col2im(const ConvShape& cs, const float* col, float* dx, int threads) {
         }
       }
   }
+}
+
+// One output row of 2x2, stride 2 max pooling in fp32: rows r0 and r0 + w of the input
+// plane (`base` is r0's offset in the plane). The same winner rules as the generic loop,
+// written without branches so that the loop vectorises.
+// The loop body, inlined into a baseline and an AVX-512 function (chosen at run time).
+__attribute__((always_inline)) inline void maxpool2x2_row_body(const float* r0, int64_t w,
+                                                               int64_t base, int64_t Q,
+                                                               bool relu_input, float* y,
+                                                               int32_t* arg) {
+  const float* r1 = r0 + w;
+#pragma omp simd
+  for (int64_t q = 0; q < Q; ++q) {
+    const float a = r0[2 * q], b = r0[2 * q + 1], c = r1[2 * q], d = r1[2 * q + 1];
+    const int32_t ia = int32_t(base + 2 * q);
+    float bv = a;
+    int32_t bi = ia;
+    bool t = b > bv || (b != b && bv == bv);
+    bv = t ? b : bv;
+    bi = t ? ia + 1 : bi;
+    t = c > bv || (c != c && bv == bv);
+    bv = t ? c : bv;
+    bi = t ? ia + int32_t(w) : bi;
+    t = d > bv || (d != d && bv == bv);
+    bv = t ? d : bv;
+    bi = t ? ia + int32_t(w) + 1 : bi;
+    y[q] = bv;
+    arg[q] = relu_input && bv <= 0.f ? -1 : bi;
+  }
+}
+
+void maxpool2x2_row_base(const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input,
+                         float* y, int32_t* arg) {
+  maxpool2x2_row_body(r0, w, base, Q, relu_input, y, arg);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void maxpool2x2_row_avx512(
+    const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input, float* y, int32_t* arg) {
+  maxpool2x2_row_body(r0, w, base, Q, relu_input, y, arg);
+}
+
+void maxpool2x2_row_f32(const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input,
+                        float* y, int32_t* arg) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") &&
+                             __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
+  if (avx512)
+    maxpool2x2_row_avx512(r0, w, base, Q, relu_input, y, arg);
+  else
+    maxpool2x2_row_base(r0, w, base, Q, relu_input, y, arg);
 }
 
 }  // namespace
@@ -229,6 +280,14 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
 #pragma omp parallel for num_threads(threads_) if (threads_ > 1 && planes > 1)
     for (int64_t pl = 0; pl < planes; ++pl) {
       const auto* in = px + pl * ps.h * ps.w;
+      if constexpr (std::is_same_v<E, Elem<DType::f32>>) {
+        if (ps.kernel == 2 && ps.stride == 2) {  // fp32 2x2: the vectorised row kernel
+          for (int64_t p = 0; p < P; ++p)
+            maxpool2x2_row_f32(in + 2 * p * ps.w, ps.w, 2 * p * ps.w, Q, ps.relu_input,
+                               py + pl * P * Q + p * Q, pa + pl * P * Q + p * Q);
+          continue;
+        }
+      }
       if (ps.kernel == 2 && ps.stride == 2) {  // the common window, unrolled
         for (int64_t p = 0; p < P; ++p) {
           const int64_t r0 = 2 * p * ps.w, r1 = r0 + ps.w;

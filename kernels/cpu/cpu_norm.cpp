@@ -169,26 +169,29 @@ void CpuBackend::gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& 
 namespace {
 
 // mask[i] = dropout_uniform(seed, i) >= p. The hash's 64-bit multiplies vectorise with
-// AVX-512DQ; the same source is compiled for it and for the baseline, chosen at run time.
-template <int Variant>
-void dropout_mask_impl(uint64_t seed, float p, int64_t begin, int64_t end, uint8_t* mask) {
+// AVX-512DQ; the loop is inlined into a baseline and an AVX-512 function, chosen at run time.
+__attribute__((always_inline)) inline void dropout_mask_body(uint64_t seed, float p, int64_t begin,
+                                                             int64_t end, uint8_t* mask) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) mask[i] = dropout_uniform(seed, uint64_t(i)) >= p;
 }
-template <>
-__attribute__((target("avx512f,avx512dq"))) void dropout_mask_impl<1>(uint64_t seed, float p,
-                                                                      int64_t begin, int64_t end,
-                                                                      uint8_t* mask) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) mask[i] = dropout_uniform(seed, uint64_t(i)) >= p;
+
+void dropout_mask_base(uint64_t seed, float p, int64_t begin, int64_t end, uint8_t* mask) {
+  dropout_mask_body(seed, p, begin, end, mask);
+}
+
+__attribute__((target("avx512f,avx512dq"))) void dropout_mask_avx512(uint64_t seed, float p,
+                                                                     int64_t begin, int64_t end,
+                                                                     uint8_t* mask) {
+  dropout_mask_body(seed, p, begin, end, mask);
 }
 
 void dropout_mask(uint64_t seed, float p, int64_t begin, int64_t end, uint8_t* mask) {
   static const bool avx512 = __builtin_cpu_supports("avx512dq");
   if (avx512)
-    dropout_mask_impl<1>(seed, p, begin, end, mask);
+    dropout_mask_avx512(seed, p, begin, end, mask);
   else
-    dropout_mask_impl<0>(seed, p, begin, end, mask);
+    dropout_mask_base(seed, p, begin, end, mask);
 }
 
 }  // namespace
