@@ -96,3 +96,18 @@ for r in 0 1; do
     fail "rank $r: CUDA device $(field "$b" device) under ringrun (expected 0), $(field "$c" device) without (expected $r)"
 done
 pass "ringtrain's placement agrees with ringrun's, with and without the wrapper"
+
+# The task counts of a multi-node Slurm step ("4(x3),2": nodes 0-2 run 4 tasks, node 3 runs
+# 2), as srun sets them on each node, read alike by ringrun and by ringtrain (a singleton).
+for case in "1 4" "3 2"; do
+  read -r node want <<<"$case"
+  slurm_env=(SLURM_LOCALID=1 SLURM_NODEID="$node" SLURM_STEP_TASKS_PER_NODE='4(x3),2')
+  a=$(env "${slurm_env[@]}" "$RR" --print true | head -n 1)
+  b=$(env "${slurm_env[@]}" RINGTRAIN_VERBOSE=1 "$BIN" train --data "$DATA/train.h5" --steps 1 \
+    --batch-size 8 --threads 1 2>&1 | grep '^ringtrain: host=')
+  for line in "$a" "$b"; do
+    [[ "$(field "$line" source) $(field "$line" local_rank) $(field "$line" local_size)" == "slurm 1 $want" ]] ||
+      fail "node $node of 4(x3),2: '$line', expected local rank 1 of $want"
+  done
+done
+pass "Slurm's task counts per node (4(x3),2) read alike by ringrun and ringtrain"
