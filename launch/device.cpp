@@ -24,9 +24,16 @@ Device choose_device(const std::string& name, const comm::Communicator& comm) {
              "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
              "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
   std::string why;
-  RT_REQUIRE(kernels::cuda::device_count(&why) > 0, "--device 'cuda': no usable CUDA device on ",
-             hostname(), " (", why, "); run on a GPU node or use --device cpu");
-  return Device{Device::cuda, kernels::cuda::device_for_local_rank(comm.local_rank())};
+  const int visible = kernels::cuda::device_count(&why);
+  RT_REQUIRE(visible > 0, "--device 'cuda': no usable CUDA device on ", hostname(), " (", why,
+             "); run on a GPU node or use --device cpu");
+  // The GPU launch/ringrun would give this rank (keeping a mapping Slurm made per task with
+  // --gpus-per-task/--gpu-bind); the local rank modulo the visible GPUs when that says none.
+  const Placement placement = find_placement(comm);
+  const int index = placement.device >= 0 && placement.device < visible
+                        ? placement.device
+                        : kernels::cuda::device_for_local_rank(comm.local_rank());
+  return Device{Device::cuda, index};
 }
 
 std::unique_ptr<kernels::Backend> make_backend(Device device, int threads,
