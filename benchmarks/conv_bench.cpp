@@ -12,47 +12,23 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "kernels/kernels.hpp"
 
 namespace {
 
 using namespace ringtrain;
-using Clock = std::chrono::steady_clock;
-
-template <typename F>
-double time_per_call(F f) {
-  for (int i = 0; i < 2; ++i) f();
-  int iters = 0;
-  const auto t0 = Clock::now();
-  double secs = 0;
-  while (iters < 3 || secs < 0.5) {
-    f();
-    ++iters;
-    secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  return secs / iters;
-}
 
 std::vector<float> filled(size_t n, float v) { return std::vector<float>(n, v); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int batch = 128, threads = 1;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--batch" && i + 1 < argc)
-      batch = std::stoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc)
-      threads = std::stoi(argv[++i]);
-    else if (a == "--json")
-      json = true;
-    else {
-      std::fprintf(stderr, "usage: conv_bench [--batch N] [--threads N] [--json]\n");
-      return a == "--help" ? 0 : 1;
-    }
-  }
+  bench::Args args;
+  args.batch = 128;
+  if (const int code = bench::parse_args(argc, argv, "conv_bench", args); code >= 0) return code;
+  const int batch = args.batch, threads = args.threads;
+  const bool json = args.json;
   struct Named {
     const char* name;
     kernels::ConvShape cs;
@@ -67,7 +43,7 @@ int main(int argc, char** argv) {
   const int sq = 2048;
   auto a = filled(size_t(sq) * sq, 0.5f), b = filled(size_t(sq) * sq, 0.25f),
        c = filled(size_t(sq) * sq, 0.f);
-  const double t_sq = time_per_call([&] {
+  const double t_sq = bench::time_per_call([&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sq, sq, sq, 1.f, a.data(), sq, b.data(),
                 sq, 0.f, c.data(), sq);
   });
@@ -95,10 +71,11 @@ int main(int argc, char** argv) {
     for (const char* impl : {"im2col", "onednn"}) {
       setenv("RINGTRAIN_CONV", impl, 1);  // read when a backend first convolves
       auto be = kernels::make_cpu_backend(threads);
-      const double tf = time_per_call(
+      const double tf = bench::time_per_call(
           [&] { be->conv2d_forward(cs, tx, tw, &tb, kernels::Activation::relu, ty); });
-      const double td = time_per_call([&] { be->conv2d_backward_data(cs, tdy, tw, tdx); });
-      const double tw_ = time_per_call([&] { be->conv2d_backward_filter(cs, tx, tdy, tdw, &tdb); });
+      const double td = bench::time_per_call([&] { be->conv2d_backward_data(cs, tdy, tw, tdx); });
+      const double tw_ =
+          bench::time_per_call([&] { be->conv2d_backward_filter(cs, tx, tdy, tdw, &tdb); });
       for (auto [pass, t] : {std::pair{"forward", tf}, {"bwd_data", td}, {"bwd_wgt", tw_}}) {
         const double gf = flops / t * 1e-9;
         if (!json)

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "core/rng.hpp"
 #include "kernels/kernels.hpp"
 
 namespace {
 
 using namespace ringtrain;
-using Clock = std::chrono::steady_clock;
 
 struct Shape3 {
   const char* name;
@@ -26,38 +26,15 @@ struct Shape3 {
 };
 
 // Seconds per call: warm-up, then as many iterations as fit in ~0.3 s (at least 5).
-template <typename F>
-double time_per_call(F f) {
-  for (int i = 0; i < 3; ++i) f();
-  int iters = 0;
-  const auto t0 = Clock::now();
-  double secs = 0;
-  while (iters < 5 || secs < 0.3) {
-    f();
-    ++iters;
-    secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  return secs / iters;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int batch = 64, threads = 1;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--batch" && i + 1 < argc)
-      batch = std::stoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc)
-      threads = std::stoi(argv[++i]);
-    else if (a == "--json")
-      json = true;
-    else {
-      std::fprintf(stderr, "usage: gemm_bench [--batch N] [--threads N] [--json]\n");
-      return a == "--help" ? 0 : 1;
-    }
-  }
+  bench::Args args;
+  args.batch = 64;
+  if (const int code = bench::parse_args(argc, argv, "gemm_bench", args); code >= 0) return code;
+  const int batch = args.batch, threads = args.threads;
+  const bool json = args.json;
   auto backend = kernels::make_cpu_backend(threads);
   // y = x W^T (forward), dW = dy^T x, dx = dy W for 784-512-256-10.
   std::vector<Shape3> shapes = {
@@ -82,7 +59,7 @@ int main(int argc, char** argv) {
     for (auto& v : b) v = rng.uniform() - 0.5f;
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
     const double flops = 2.0 * s.m * s.n * s.k;
-    const double raw = time_per_call([&] {
+    const double raw = bench::time_per_call([&] {
       cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
                   s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
     });
@@ -101,7 +78,8 @@ int main(int argc, char** argv) {
         tb = tb16;
         tc = Tensor(c16.data(), tc.shape, t);
       }
-      const double ours = time_per_call([&] { backend->gemm(s.ta, s.tb, 1.f, ta, tb, 0.f, tc); });
+      const double ours =
+          bench::time_per_call([&] { backend->gemm(s.ta, s.tb, 1.f, ta, tb, 0.f, tc); });
       const double g = flops / ours * 1e-9, gr = flops / raw * 1e-9;
       if (json) {
         std::printf(
