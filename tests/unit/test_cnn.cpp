@@ -1,12 +1,10 @@
 // Unit tests of the convolutional layers (core/layers.hpp) on the CPU backend:
 //  - every layer's backward against central finite differences in fp32;
 //  - fp16/bf16 forward and backward against fp32 within a stated tolerance;
-//  - outputs and gradients against PyTorch on fixed inputs (tests/ref/layer_ref.h5, made by
-//    tests/ref/make_layer_ref.py with python3-torch; the test itself needs no PyTorch);
+//  - (against PyTorch: test_layer_ref.cpp)
 //  - the fused ReLU, dropout's mask (rate, determinism), per-layer dtype overrides, and the
 //    cnn/resnet models' shapes and parameter names.
 #include <gtest/gtest.h>
-#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +19,7 @@
 #include "core/layers.hpp"
 #include "core/model.hpp"
 #include "kernels/kernels.hpp"
+#include "layer_test_util.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {
@@ -30,62 +29,10 @@ using kernels::Activation;
 using test::close;
 using test::uniform_floats;
 
-std::vector<float> copy_of(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    switch (t.dtype) {
-      case DType::f32:
-        out[size_t(i)] = t.as<float>()[i];
-        break;
-      case DType::f16:
-        out[size_t(i)] = half_to_float(t.as<uint16_t>()[i]);
-        break;
-      case DType::bf16:
-        out[size_t(i)] = bf16_to_float(t.as<uint16_t>()[i]);
-        break;
-      default:
-        ADD_FAILURE() << "copy_of: not a float tensor";
-    }
-  }
-  return out;
-}
-
-double dot(const Tensor& y, const std::vector<float>& r) {
-  const auto v = copy_of(y);
-  double s = 0;
-  for (size_t i = 0; i < v.size(); ++i) s += double(v[i]) * r[i];
-  return s;
-}
-
-// max |a - b| / max |b|: the error of a whole tensor relative to its scale.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - b[i]));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  return num / den;
-}
-
-// A one-layer Model: the flat parameter store for a layer under test. The Model makes its
-// first layer skip the input gradient and its last layer output fp32; the test wants the
-// input gradient and the compute dtype, so both are put back.
-struct OneLayer {
-  OneLayer(std::unique_ptr<Layer> layer, DType compute, uint64_t seed, kernels::Backend& backend) {
-    std::vector<std::unique_ptr<Layer>> layers;
-    layers.push_back(std::move(layer));
-    model = std::make_unique<Model>(ModelSpec{}, std::move(layers), compute);
-    model->layers()[0]->set_needs_input_grad(true);
-    model->layers()[0]->set_output_dtype(compute);
-    model->init_parameters(seed, backend);
-    // Random affine parameters too (BatchNorm initialises them to 1 and 0).
-    auto v = uniform_floats(size_t(model->num_params()), -1.f, 1.f, uint32_t(seed) + 7);
-    std::copy(v.begin(), v.end(), model->master().as<float>());
-    model->refresh_working_copy(backend);
-  }
-  Layer& layer() { return *model->layers()[0]; }
-  std::unique_ptr<Model> model;
-};
+using test::copy_of;
+using test::dot;
+using test::OneLayer;
+using test::rel_err;
 
 constexpr double kRtol = 2e-2, kAtol = 2e-3;
 
@@ -267,167 +214,6 @@ INSTANTIATE_TEST_SUITE_P(Layers, LayerLowPrecision,
                            return std::get<0>(info.param).name + "_" +
                                   dtype_name(std::get<1>(info.param));
                          });
-
-// ---- against PyTorch (tests/ref/layer_ref.h5) --------------------------------------------
-
-class TorchRef : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string path = std::string(RINGTRAIN_SOURCE_DIR) + "/tests/ref/layer_ref.h5";
-    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    ASSERT_GE(file_, 0) << "cannot open " << path;
-  }
-  void TearDown() override {
-    if (file_ >= 0) H5Fclose(file_);
-  }
-  std::vector<float> read(const std::string& name, Shape* shape = nullptr) {
-    hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
-    EXPECT_GE(ds, 0) << "no dataset " << name;
-    if (ds < 0) return {};
-    hid_t sp = H5Dget_space(ds);
-    const int rank = H5Sget_simple_extent_ndims(sp);
-    std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
-    H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
-    Shape s(dims.begin(), dims.end());
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-    H5Sclose(sp);
-    H5Dclose(ds);
-    if (shape) *shape = s;
-    return v;
-  }
-  int64_t attr(const std::string& group, const char* name) {
-    int64_t v = 0;
-    H5Aread_by_name_helper(group, name, &v);
-    return v;
-  }
-  void H5Aread_by_name_helper(const std::string& group, const char* name, int64_t* v) {
-    hid_t a = H5Aopen_by_name(file_, group.c_str(), name, H5P_DEFAULT, H5P_DEFAULT);
-    ASSERT_GE(a, 0) << group << " has no attribute " << name;
-    H5Aread(a, H5T_NATIVE_INT64, v);
-    H5Aclose(a);
-  }
-  // Fills every parameter of `model` named like the datasets under `group`.
-  void load_params(Model& model, const std::string& group) {
-    for (Param& p : model.params()) {
-      Shape s;
-      const auto v = read(group + "/" + p.name, &s);
-      ASSERT_EQ(s, p.shape) << p.name;
-      std::copy(v.begin(), v.end(), p.master.as<float>());
-    }
-  }
-  // Runs a one-layer model on the group's x and dy; checks y, dx and the named gradients.
-  void check_layer(const std::string& g, OneLayer& one, Context& ctx,
-                   const std::vector<std::pair<std::string, std::string>>& grads,
-                   double tol = 1e-5) {
-    Shape xs, dys;
-    auto x = read(g + "/x", &xs);
-    auto dy = read(g + "/dy", &dys);
-    const Tensor& y = one.layer().forward(ctx, Tensor(x.data(), xs, DType::f32));
-    Shape ys;
-    const auto want_y = read(g + "/y", &ys);
-    ASSERT_EQ(y.numel(), shape_numel(ys)) << g;
-    EXPECT_LE(rel_err(copy_of(y), want_y), tol) << g << " y";
-    const Tensor& dx = one.layer().backward(ctx, Tensor(dy.data(), dys, DType::f32));
-    EXPECT_LE(rel_err(copy_of(dx), read(g + "/dx")), tol) << g << " dx";
-    for (const auto& [param, ds] : grads) {
-      const Param* p = nullptr;
-      for (const Param& q : one.model->params())
-        if (q.name == param) p = &q;
-      ASSERT_NE(p, nullptr) << param;
-      EXPECT_LE(rel_err(copy_of(p->grad), read(g + "/" + ds)), tol) << g << " " << ds;
-    }
-  }
-  std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
-  Context ctx{*backend, DType::f32, true, 0};
-  hid_t file_ = -1;
-};
-
-TEST_F(TorchRef, Convolutions) {
-  for (const std::string g : {"conv_s1p1", "conv_s2p0", "conv_1x1_s2"}) {
-    SCOPED_TRACE(g);
-    Shape ws;
-    const auto w = read(g + "/weight", &ws);
-    const bool bias = attr(g, "has_bias") != 0;
-    OneLayer one(std::make_unique<Conv2D>(
-                     "conv", Conv2D::Options{ws[1], ws[0], ws[2], attr(g, "stride"),
-                                             attr(g, "padding"), bias, Activation::none}),
-                 DType::f32, 1, *backend);
-    std::copy(w.begin(), w.end(), one.model->params()[0].master.as<float>());
-    if (bias) {
-      const auto b = read(g + "/bias");
-      std::copy(b.begin(), b.end(), one.model->params()[1].master.as<float>());
-    }
-    std::vector<std::pair<std::string, std::string>> grads = {{"conv.weight", "dweight"}};
-    if (bias) grads.push_back({"conv.bias", "dbias"});
-    check_layer(g, one, ctx, grads);
-  }
-}
-
-TEST_F(TorchRef, Pooling) {
-  OneLayer mp(std::make_unique<MaxPool2D>("pool", 2, 2), DType::f32, 1, *backend);
-  check_layer("maxpool2", mp, ctx, {});
-  OneLayer ap(std::make_unique<GlobalAvgPool>("pool"), DType::f32, 1, *backend);
-  check_layer("avgpool_global", ap, ctx, {});
-}
-
-TEST_F(TorchRef, Gelu) {
-  OneLayer one(std::make_unique<GELU>("gelu"), DType::f32, 1, *backend);
-  check_layer("gelu", one, ctx, {}, 2e-6);
-}
-
-TEST_F(TorchRef, BatchNormTrainAndEval) {
-  for (const bool training : {true, false}) {
-    const std::string g = training ? "batchnorm_train" : "batchnorm_eval";
-    SCOPED_TRACE(g);
-    OneLayer one(std::make_unique<BatchNorm2D>("bn", 3), DType::f32, 1, *backend);
-    auto set = [&](const Tensor& t, const std::string& ds) {
-      const auto v = read(g + "/" + ds);
-      ASSERT_EQ(int64_t(v.size()), t.numel());
-      std::copy(v.begin(), v.end(), t.as<float>());
-    };
-    set(one.model->params()[0].master, "weight");
-    set(one.model->params()[1].master, "bias");
-    set(one.model->buffers()[0].value, "running_mean");
-    set(one.model->buffers()[1].value, "running_var");
-    Context c{*backend, DType::f32, training, 0};
-    check_layer(g, one, c, {{"bn.weight", "dweight"}, {"bn.bias", "dbias"}}, 2e-5);
-    if (training) {
-      EXPECT_LE(rel_err(copy_of(one.model->buffers()[0].value), read(g + "/running_mean_out")),
-                1e-6);
-      EXPECT_LE(rel_err(copy_of(one.model->buffers()[1].value), read(g + "/running_var_out")),
-                1e-6);
-    }
-  }
-}
-
-// The whole CNN (dropout off) against PyTorch: logits, loss and every parameter gradient.
-TEST_F(TorchRef, CnnModel) {
-  ModelSpec spec;
-  spec.name = "cnn";
-  spec.input = {1, 28, 28};
-  spec.classes = 10;
-  spec.dropout = 0;
-  auto model = build_model(spec, DType::f32);
-  load_params(*model, "cnn/params");
-  model->refresh_working_copy(*backend);
-  Shape xs;
-  auto x = read("cnn/x", &xs);
-  hid_t ds = H5Dopen2(file_, "cnn/labels", H5P_DEFAULT);
-  std::vector<int32_t> labels(static_cast<size_t>(xs[0]));
-  H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
-  H5Dclose(ds);
-  const Tensor& logits = model->forward(ctx, Tensor(x.data(), xs, DType::f32));
-  EXPECT_LE(rel_err(copy_of(logits), read("cnn/logits")), 1e-5);
-  std::vector<float> dl(static_cast<size_t>(logits.numel()));
-  Tensor dlogits(dl.data(), logits.shape, DType::f32);
-  const auto xent =
-      backend->softmax_xent(logits, Tensor(labels.data(), {xs[0]}, DType::i32), 1.f, &dlogits);
-  EXPECT_NEAR(xent.loss_sum / double(xs[0]), read("cnn/loss")[0], 1e-5);
-  model->backward(ctx, dlogits);
-  for (const Param& p : model->params())
-    EXPECT_LE(rel_err(copy_of(p.grad), read("cnn/grads/" + p.name)), 1e-4) << p.name;
-}
 
 // ---- the two CPU convolutions agree --------------------------------------------------------
 
