@@ -12,7 +12,7 @@ namespace ringtrain::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) { set_threads(threads); }
+  explicit CpuBackend(int threads) : use_onednn_(conv_uses_onednn()) { set_threads(threads); }
   const char* name() const override { return "cpu"; }
   Device device() const override { return Device{}; }
   bool supports(Op op, DType dtype) const override { return is_float(dtype); }
@@ -72,8 +72,9 @@ class CpuBackend final : public Backend {
   int threads_ = 1;
   std::vector<float> scratch_a_, scratch_b_, scratch_c_;
   std::vector<float> col_, out32_;  // convolution: im2col columns, fp32 results
+  static bool conv_uses_onednn();   // RINGTRAIN_CONV
   OneDnnConv* onednn();             // null when im2col + GEMM is chosen
-  int conv_impl_ = 0;               // 0 not chosen yet, 1 im2col, 2 oneDNN
+  bool use_onednn_;
   std::unique_ptr<OneDnnConv> onednn_;
 };
 

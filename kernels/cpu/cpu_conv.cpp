@@ -128,17 +128,20 @@ void maxpool2x2_row_f32(const float* r0, int64_t w, int64_t base, int64_t Q, boo
 
 }  // namespace
 
-// RINGTRAIN_CONV=onednn|im2col picks the convolution; the default is the faster one on our
-// benchmark (benchmarks/conv_bench, docs/benchmarks.md).
+// RINGTRAIN_CONV=onednn|im2col picks the convolution (read when the backend is made, so a
+// bad value is a setup error); the default is the faster one on our benchmark
+// (benchmarks/conv_bench, docs/benchmarks.md).
+bool CpuBackend::conv_uses_onednn() {
+  const char* e = std::getenv("RINGTRAIN_CONV");
+  const std::string v = e ? e : kDefaultConv;
+  RT_REQUIRE(v == "onednn" || v == "im2col", "RINGTRAIN_CONV='", v,
+             "' is not valid; expected onednn or im2col");
+  return v == "onednn";
+}
+
+// oneDNN's engine and primitives are made at the first convolution, not for every backend.
 OneDnnConv* CpuBackend::onednn() {
-  if (conv_impl_ == 0) {
-    const char* e = std::getenv("RINGTRAIN_CONV");
-    const std::string v = e ? e : kDefaultConv;
-    RT_REQUIRE(v == "onednn" || v == "im2col", "RINGTRAIN_CONV='", v,
-               "' is not valid; expected onednn or im2col");
-    conv_impl_ = v == "onednn" ? 2 : 1;
-    if (conv_impl_ == 2) onednn_ = std::make_unique<OneDnnConv>();
-  }
+  if (use_onednn_ && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
   return onednn_.get();
 }
 

@@ -80,4 +80,11 @@ check_bad "--activation" --model resnet --activation swish
 check_bad "--layer-precision" --model cnn --layer-precision conv7=fp32
 check_bad "--layer-precision" --model cnn --layer-precision conv1=fp8
 check_bad "--model" --model vgg
-pass "bad model options exit 1 with one message"
+set +e
+err=$(RINGTRAIN_CONV=winograd "$BIN" train --data "$DATA/train.h5" --model cnn --steps 1 \
+  --threads 1 2>&1 >/dev/null)
+code=$?
+set -e
+[[ $code -eq 1 && $(grep -c . <<<"$err") -eq 1 ]] || fail "RINGTRAIN_CONV=winograd: exit $code, '$err'"
+contains "RINGTRAIN_CONV" <<<"$err" || fail "the message does not name RINGTRAIN_CONV: $err"
+pass "bad model options and a bad RINGTRAIN_CONV exit 1 with one message"
