@@ -12,7 +12,7 @@ for _ in $(seq 1 100); do
   grep -q '"type":"step"' "$dir/m.jsonl" 2>/dev/null && break
   sleep 0.2
 done
-pid=$(pgrep -f "^$BIN train --data $DATA/train.h5 --steps 3000" | head -n 1)
+pid=$(pgrep -f "^$BIN train --data $DATA/train.h5 --steps 3000" | sed -n 1p)
 [[ -n "$pid" ]] || fail "no rank process found"
 # Two signals in a row: the second arrives while the ranks agree or save, and must neither
 # corrupt the checkpoint nor change the outcome.

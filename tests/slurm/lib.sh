@@ -23,7 +23,7 @@ tdir() {
 }
 
 job_field() {  # job_field ID NAME: a field of `scontrol show job`, e.g. JobState, Restarts
-  scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+  scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | sed -n 1p
 }
 
 # wait_job_end ID SECONDS: until the job has left the queue for good (not pending, running,
@@ -56,6 +56,6 @@ submit_wait() {
 }
 
 # One line of a rank's placement: the "ringrun:" or "ringtrain:" line of rank R in FILE.
-placement_line() { grep "^$1: .* rank=$2 " "$3" | head -n 1; }
+placement_line() { grep "^$1: .* rank=$2 " "$3" | sed -n 1p; }
 # The value of KEY in a placement line.
 field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
