@@ -67,7 +67,7 @@ write_config() {
   local node
   # slurmd -C describes this machine (CPUs, sockets, cores, threads); the node is named
   # localhost because that name resolves on every machine, whatever the hostname.
-  node=$(slurmd -C | head -n 1 | sed -e 's/^NodeName=[^ ]* /NodeName=localhost /' -e 's/ RealMemory=[0-9]*//')
+  node=$(slurmd -C | sed -n 1p | sed -e 's/^NodeName=[^ ]* /NodeName=localhost /' -e 's/ RealMemory=[0-9]*//')
   if [[ -n "$cpus" ]]; then
     node="NodeName=localhost CPUs=$cpus"
   fi
