@@ -49,8 +49,10 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
                                                             comm::Communicator& world) {
   std::unique_ptr<comm::Communicator> out;
   if (cfg.device != "cuda") {
+    // Collective, and its one check (every node holds as many ranks) fails alike on every
+    // rank after the collective: not an agreed phase (see launch/job.hpp).
     if (cfg.comm == "hierarchical")
-      agree(world, [&] { out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi()); });
+      out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi());
     return out;
   }
   // Every rank has its GPU, with the allocator policy of --gpu-memory, before any NCCL call:

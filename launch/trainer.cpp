@@ -536,8 +536,7 @@ int Trainer::run() {
 }
 
 void Trainer::finish_timeline() {
-  std::string path;
-  agree(comm_, [&] { path = timeline_.write(comm_.mpi()); });
+  const std::string path = timeline_.write(comm_.mpi());  // collective: not under agree()
   if (!path.empty()) say(cat("timeline of steps ", cfg_.timeline_steps, " written to ", path));
 }
 
