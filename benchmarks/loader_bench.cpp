@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 #include "io/hdf5.hpp"
 #include "io/loader.hpp"
 

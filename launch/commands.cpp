@@ -13,6 +13,7 @@
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
 #include "launch/metrics.hpp"
+#include "launch/model_source.hpp"
 #include "launch/options.hpp"
 #include "launch/signals.hpp"
 #include "launch/trainer.hpp"
@@ -59,15 +60,16 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     meta = io::read_checkpoint_meta(cfg.checkpoint);
     data = std::make_unique<io::Dataset>(cfg.data);
-    ModelSpec spec = ModelSpec::from_json(meta.model);
-    RT_REQUIRE(spec.input == data->info().sample_shape, "--data '", cfg.data,
+    load_plugins(cfg.plugins);
+    const ModelFile file = model_from_checkpoint(meta, cfg.checkpoint);
+    RT_REQUIRE(file.input_shape() == data->info().sample_shape, "--data '", cfg.data,
                "' has samples of shape ", shape_str(data->info().sample_shape), " but checkpoint '",
-               cfg.checkpoint, "' holds a model for ", shape_str(spec.input));
-    RT_REQUIRE(data->info().num_classes <= spec.classes, "--data '", cfg.data, "' has ",
-               data->info().num_classes, " classes but the model predicts ", spec.classes);
+               cfg.checkpoint, "' holds a model for ", shape_str(file.input_shape()));
+    RT_REQUIRE(data->info().num_classes <= file.classes(), "--data '", cfg.data, "' has ",
+               data->info().num_classes, " classes but the model predicts ", file.classes());
     {
       DeviceScope on_device(device);
-      model = build_model(spec, cfg.precision);
+      model = build_model(file, cfg.precision);
     }
     if (device.kind == Device::cpu) {
       io::read_checkpoint_params(cfg.checkpoint, master_views(*model));

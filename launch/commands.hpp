@@ -13,6 +13,7 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm);  // model_show.cpp
 std::string version_text();  // ringtrain and every library built in
 
 }  // namespace ringtrain::launch

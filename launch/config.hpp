@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "core/loss_scaler.hpp"
-#include "core/optimizer.hpp"
+#include "nn/loss_scaler.hpp"
+#include "nn/optimizer.hpp"
 
 namespace ringtrain::launch {
 
@@ -16,12 +16,15 @@ struct TrainConfig {
   std::string data, val_data;
   int prefetch = 2;    // batches the loader thread reads ahead (0: read in the step)
   bool cache = false;  // keep the samples read in memory
-  std::string model = "mlp";
-  std::vector<int64_t> hidden = {512, 256};
-  double dropout = 0.25;            // cnn
-  int64_t depth = 1, width = 16;    // resnet
-  std::string activation = "relu";  // resnet
-  std::string layer_precision;      // "conv1=fp32,..."
+  std::string model = "mlp";  // a built-in name or a model file
+  // Overrides of the model file's vars, in order: (var, value, the option that gave it),
+  // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.
+  struct VarOverride {
+    std::string var, value, option;
+  };
+  std::vector<VarOverride> model_vars;
+  std::vector<std::string> plugins;  // --plugin LIB.so: ops loaded before the model is built
+  std::string layer_precision;       // "conv1=fp32,..."
   DType precision = DType::f32;
   int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
   bool batch_size_given = false;                  // --batch-size was explicit
@@ -61,12 +64,21 @@ struct TrainConfig {
 
 struct EvalConfig {
   std::string checkpoint, data;
+  std::vector<std::string> plugins;
   int64_t batch_size = 256;
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";       // cpu | cuda
   std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION
   std::string metrics;
+};
+
+struct ModelShowConfig {
+  std::string model;  // a built-in name or a model file
+  std::vector<TrainConfig::VarOverride> model_vars;
+  std::vector<std::string> plugins;
+  std::string input;  // C,H,W or D: overrides the file's input_shape
+  int64_t classes = 0;  // 0: the file's, else 10
 };
 
 struct ConvertConfig {

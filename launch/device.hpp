@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/loader.hpp"
 #include "kernels/kernels.hpp"

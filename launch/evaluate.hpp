@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "comm/communicator.hpp"
-#include "core/model.hpp"
+#include "nn/model.hpp"
 #include "io/dataset.hpp"
 
 namespace ringtrain::launch {

@@ -65,9 +65,10 @@ int main(int argc, char** argv) {
     if (command == "eval") return cmd_eval(args, world);
     if (command == "convert") return cmd_convert(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
+    if (command == "model") return cmd_model(args, world);
     agree(world, [&] {
       throw_input(cat("unknown command '", command,
-                      "'; expected train, eval, convert, inspect "
+                      "'; expected train, eval, convert, inspect, model "
                       "or --version"));
     });
   } catch (const JobExit& e) {

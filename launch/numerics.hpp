@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/model.hpp"
+#include "nn/model.hpp"
 
 namespace ringtrain::launch {
 

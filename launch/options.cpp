@@ -49,25 +49,6 @@ bool parse(const char* command, const po::options_description& desc,
   return true;
 }
 
-std::vector<int64_t> parse_int_list(const std::string& s, const char* option) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    RT_REQUIRE(used == item.size() && !item.empty() && v > 0, option, " '", s,
-               "' is not valid; expected comma-separated positive integers, e.g. 512,256");
-    out.push_back(v);
-  }
-  return out;
-}
-
 void require_positive(const po::variables_map& vm, const char* name) {
   if (!vm.count(name)) return;
   const auto v = vm[name].as<int64_t>();
@@ -76,8 +57,28 @@ void require_positive(const po::variables_map& vm, const char* name) {
 
 }  // namespace
 
+namespace {
+
+// The model-var options given on the command line (or in the INI file), in a fixed order:
+// the named ones, then --set VAR=VALUE.
+std::vector<TrainConfig::VarOverride> model_var_overrides(const po::variables_map& vm) {
+  std::vector<TrainConfig::VarOverride> out;
+  for (const char* name : {"hidden", "dropout", "depth", "width", "activation"})
+    if (vm.count(name)) out.push_back({name, vm[name].as<std::string>(), cat("--", name)});
+  if (vm.count("set"))
+    for (const auto& item : vm["set"].as<std::vector<std::string>>()) {
+      const size_t eq = item.find('=');
+      RT_REQUIRE(eq != std::string::npos && eq > 0, "--set '", item,
+                 "' is not VAR=VALUE (e.g. --set width=32)");
+      out.push_back({item.substr(0, eq), item.substr(eq + 1), cat("--set ", item.substr(0, eq))});
+    }
+  return out;
+}
+
+}  // namespace
+
 bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::string* help) {
-  std::string precision = "fp32", hidden = "512,256", loss_scale = "dynamic";
+  std::string precision = "fp32", loss_scale = "dynamic";
   std::string optimizer = "adamw", wire;
   bool no_overlap = false;
   int64_t seed = int64_t(c.seed);
@@ -90,12 +91,14 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", po::value(&c.prefetch)->default_value(2), "batches read ahead by the loader thread (0: none)")
       ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
-      ("model", po::value(&c.model)->default_value("mlp"), "model: mlp | cnn | resnet")
-      ("hidden", po::value(&hidden)->default_value("512,256"), "mlp hidden layer widths")
-      ("dropout", po::value(&c.dropout)->default_value(0.25), "cnn: dropout probability after the pooling")
-      ("depth", po::value(&c.depth)->default_value(1), "resnet: basic blocks per stage (3 stages: 6 depth + 2 layers)")
-      ("width", po::value(&c.width)->default_value(16), "resnet: channels of the first stage (then 2x, 4x)")
-      ("activation", po::value(&c.activation)->default_value("relu"), "resnet: relu | gelu")
+      ("model", po::value(&c.model)->default_value("mlp"), "mlp | cnn | resnet (models/*.pbtxt) or a model file (docs/models.md)")
+      ("hidden", po::value<std::string>(), "mlp: hidden layer widths (the file's var hidden; default 512,256)")
+      ("dropout", po::value<std::string>(), "cnn: dropout probability after the pooling (var dropout; default 0.25)")
+      ("depth", po::value<std::string>(), "resnet: basic blocks per stage, 3 stages (var depth; default 1)")
+      ("width", po::value<std::string>(), "resnet: channels of the first stage, then 2x, 4x (var width; default 16)")
+      ("activation", po::value<std::string>(), "resnet: relu | gelu (var activation; default relu)")
+      ("set", po::value<std::vector<std::string>>()->composing(), "VAR=VALUE: set a var of the model file (repeatable)")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("layer-precision", po::value(&c.layer_precision), "per-layer compute dtype overrides, LAYER=DTYPE[,...] (e.g. conv1=fp32)")
       ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 (mixed: fp32 masters)")
       ("batch-size", po::value<int64_t>(), "samples per rank per step (default 64)")
@@ -145,7 +148,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   if (!parse("train", desc, args, vm, help)) return false;
 
   c.precision = parse_float_dtype(precision, "--precision");
-  c.hidden = parse_int_list(hidden, "--hidden");
+  c.model_vars = model_var_overrides(vm);
   c.seed = uint64_t(seed);
   RT_REQUIRE(seed >= 0, "--seed ", seed, " is negative; expected 0 or a positive integer");
   RT_REQUIRE(optimizer == "sgd" || optimizer == "adamw", "--optimizer '", optimizer,
@@ -236,6 +239,7 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
       ("help,h", "this help")
       ("config", po::value<std::string>(), "INI file of options")
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("data", po::value(&c.data)->required(), "dataset to evaluate on")
       ("batch-size", po::value<int64_t>(&c.batch_size)->default_value(256), "samples per rank per forward pass")
       ("precision", po::value(&precision)->default_value("fp32"), "fp32 | fp16 | bf16 compute")

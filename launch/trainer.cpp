@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_api.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
+#include "launch/model_source.hpp"
 #include "launch/signals.hpp"
 #include "ringtrain/config.hpp"
 
@@ -134,19 +135,13 @@ void Trainer::setup() {
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
   if (cfg_.cache) data_->enable_cache();
 
-  ModelSpec spec;
-  spec.name = cfg_.model;
-  spec.input = info.sample_shape;
-  spec.hidden = cfg_.hidden;
-  spec.classes = info.num_classes;
-  spec.dropout = cfg_.dropout;
-  spec.depth = cfg_.depth;
-  spec.width = cfg_.width;
-  spec.activation = cfg_.activation;
-  spec.layer_precision = cfg_.layer_precision;
+  load_plugins(cfg_.plugins);
+  model_file_ = std::make_unique<ModelFile>(
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, info.sample_shape,
+                         info.num_classes, cat("--data '", cfg_.data, "'")));
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
-  model_ = build_model(spec, cfg_.precision);
+  model_ = build_model(*model_file_, cfg_.precision);
   optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
   LossScalerConfig ls = cfg_.loss_scale;
   if (cfg_.precision == DType::f32 && ls.dynamic) {
@@ -357,7 +352,7 @@ void Trainer::save_checkpoint() {
     m.world_size = comm_.size();
     m.global_batch = global_batch_;
     m.precision = dtype_name(cfg_.precision);
-    m.model = model_->spec().to_json();
+    m.model = model_->text();
     m.ringtrain_version = RINGTRAIN_VERSION;
     m.data_epoch = loader_->epoch();
     m.data_position = loader_->position();
@@ -424,8 +419,9 @@ int Trainer::run() {
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
-          shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
-          model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",
+          shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
+          model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
+          " nodes, ", model_->num_params(), " parameters; ",
           loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);

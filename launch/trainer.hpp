@@ -9,9 +9,10 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
-#include "core/loss_scaler.hpp"
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/loss_scaler.hpp"
+#include "nn/model.hpp"
+#include "nn/model_file.hpp"
+#include "nn/optimizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
@@ -87,6 +88,7 @@ class Trainer {
   std::vector<float> hist_values_[2];               // cuda: histograms' values on the host
   std::unique_ptr<io::Dataset> data_, val_;
   std::unique_ptr<io::Loader> loader_;
+  std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;

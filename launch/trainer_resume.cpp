@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "launch/model_source.hpp"
 #include "launch/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -43,10 +44,7 @@ std::string Trainer::choose_checkpoint() {
   std::vector<std::pair<std::string, std::string>> skipped;
   const auto latest = store_->latest_valid(
       &skipped, expected, [&](const std::string& file, const io::CheckpointMeta& m) {
-        RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", file, "' holds model ",
-                   m.model, " but this run builds ", model_->spec().to_json(),
-                   "; use the same --model/--hidden/data, another --checkpoint-dir, or "
-                   "--resume never --overwrite");
+        require_same_model(*model_file_, model_from_checkpoint(m, file), file);
         RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", file,
                    "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
                    optimizer_->name());
@@ -82,9 +80,7 @@ void Trainer::start_from(const std::string& path) {
     return;
   }
   const io::CheckpointMeta m = io::read_checkpoint_meta(path);
-  RT_REQUIRE(m.model == model_->spec().to_json(), "checkpoint '", path, "' holds model ", m.model,
-             " but this run builds ", model_->spec().to_json(),
-             "; use the same --model/--hidden/data, another --checkpoint-dir, or --resume never");
+  require_same_model(*model_file_, model_from_checkpoint(m, path), path);
   RT_REQUIRE(m.optimizer == optimizer_->name(), "checkpoint '", path,
              "' was trained with --optimizer ", m.optimizer, "; this run asks for ",
              optimizer_->name());

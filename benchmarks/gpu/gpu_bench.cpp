@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 #include "core/rng.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 

@@ -5,8 +5,8 @@
 // the losses and the parameter updates must agree within each precision's tolerance.
 #include <cmath>
 
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 #include "core/rng.hpp"
 #include "tests/gpu/gpu_util.hpp"
 

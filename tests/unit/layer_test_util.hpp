@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/layers.hpp"
-#include "core/model.hpp"
+#include "nn/layers.hpp"
+#include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "test_util.hpp"
 

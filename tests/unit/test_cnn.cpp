@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/layers.hpp"
-#include "core/model.hpp"
+#include "nn/layers.hpp"
+#include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "layer_test_util.hpp"
 #include "test_util.hpp"

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "core/layers.hpp"
-#include "core/model.hpp"
+#include "nn/layers.hpp"
+#include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "test_util.hpp"
 

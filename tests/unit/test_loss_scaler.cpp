@@ -6,7 +6,7 @@
 #include <cfloat>
 #include <cmath>
 
-#include "core/loss_scaler.hpp"
+#include "nn/loss_scaler.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {

@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/optimizer.hpp"
+#include "nn/optimizer.hpp"
 #include "kernels/kernels.hpp"
 #include "test_util.hpp"
 

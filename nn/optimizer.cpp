@@ -1,6 +1,6 @@
 // SGD (momentum, Nesterov, weight decay) and AdamW, each a thin owner of its state that
 // calls the backend's fused kernel over the whole flat buffer in one launch.
-#include "core/optimizer.hpp"
+#include "nn/optimizer.hpp"
 
 #include "core/error.hpp"
 

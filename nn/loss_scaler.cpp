@@ -1,5 +1,5 @@
 // The loss-scaler state machine (see loss_scaler.hpp).
-#include "core/loss_scaler.hpp"
+#include "nn/loss_scaler.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,8 @@
-// Layer: the unit a Model is built from, and the layers ringtrain's models are made of:
-// Linear, Conv2D (each with a fused activation), ReLU, GELU, MaxPool2D, GlobalAvgPool,
-// Flatten, Dropout, BatchNorm2D and Residual (a block whose output is body(x) + shortcut(x)).
-// A layer owns its activations; its parameters and gradients are views into the Model's
+// Layer: the unit a graph node runs, and the layers the shipped ops are made of: Linear,
+// Conv2D (each with a fused activation), ReLU, GELU, MaxPool2D, GlobalAvgPool, Flatten,
+// Reshape, Dropout, BatchNorm2D, and the multi-input Add and Concat. Their forward and
+// backward live in nn/ops/<family>.cpp beside the op's registration. A layer owns its
+// activations; its parameters and gradients are views into the Model's
 // flat buffers (fp32 masters, compute-dtype working copy, compute-dtype gradients), its
 // non-trainable state (BatchNorm's running averages) views into the Model's fp32 buffers.
 #pragma once
@@ -24,24 +25,38 @@ struct Context {
   uint64_t dropout_seed = 0;  // mix of --seed, rank and step; layers mix in their name
 };
 
-enum class Init { fan_in_uniform, zeros, ones };
+// How a parameter's initial values are drawn (model files' `init`, docs/models.md).
+enum class Init {
+  fan_in_uniform,   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's Linear and Conv default)
+  kaiming_uniform,  // U(-sqrt(6/fan_in), sqrt(6/fan_in))
+  kaiming_normal,   // N(0, 2/fan_in)
+  xavier_uniform,   // U(-sqrt(6/(fan_in+fan_out)), ...)
+  xavier_normal,    // N(0, 2/(fan_in+fan_out))
+  normal,           // N(0, std^2)
+  zeros,
+  ones,
+};
 
 struct ParamSpec {
   std::string name;  // within the layer: "weight", "bias"
   Shape shape;
-  int64_t fan_in = 1;  // fan_in_uniform draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch)
+  int64_t fan_in = 1;
   Init init = Init::fan_in_uniform;
+  int64_t fan_out = 1;
+  double std = 0;  // Init::normal
 };
 
 struct Param {
   std::string name;  // "<layer>.<param>", the checkpoint name
   Shape shape;
   int64_t offset = 0;  // in elements, into the flat buffers
-  int64_t fan_in = 1;  // for the initialisation
+  int64_t fan_in = 1, fan_out = 1;  // for the initialisation
   Init init = Init::fan_in_uniform;
-  Tensor master;  // fp32
-  Tensor work;    // compute dtype (aliases master in fp32)
-  Tensor grad;    // compute dtype
+  double std = 0;
+  bool decay = true;  // weight decay applies (a model file's `weight_decay: false` clears it)
+  Tensor master;      // fp32
+  Tensor work;        // compute dtype (aliases master in fp32)
+  Tensor grad;        // compute dtype
 };
 
 // Non-trainable fp32 state saved in checkpoints as /buffers/<layer>.<name>.
@@ -53,6 +68,10 @@ struct StateBuffer {
   Tensor value;  // fp32
 };
 
+// dy masked by the fused ReLU of a layer whose output was y; `scratch` holds the result.
+Tensor relu_masked(Context& ctx, kernels::Activation act, const Tensor& y, const Tensor& dy,
+                   OwnedTensor& scratch);
+
 class Layer {
  public:
   explicit Layer(std::string name) : name_(std::move(name)) {}
@@ -63,8 +82,6 @@ class Layer {
   // Called once the Model has laid out the flat buffers; in param_specs()/buffer_specs() order.
   virtual void bind(std::vector<Param*> params) {}
   virtual void bind_buffers(std::vector<StateBuffer*> buffers) {}
-  // Layers inside this one (a residual block's), for lookups by name; "block.conv1".
-  virtual std::vector<Layer*> children() { return {}; }
 
   // Output dtype override (the precision policy keeps the last layer's output in fp32).
   void set_output_dtype(DType t) {
@@ -78,12 +95,23 @@ class Layer {
     has_dtype_ = true;
   }
   bool has_dtype_override() const { return has_dtype_; }
+  // The dtype this layer computes in under `ctx` (its override, else the compute dtype).
+  DType compute_dtype(const Context& ctx) const { return dtype(ctx); }
   // The first layer need not compute the gradient of its input.
   virtual void set_needs_input_grad(bool yes) { needs_input_grad_ = yes; }
 
   // The returned tensors stay valid until the next forward/backward of this layer.
   virtual const Tensor& forward(Context& ctx, const Tensor& x) = 0;
   virtual const Tensor& backward(Context& ctx, const Tensor& dy) = 0;
+  // Layers of several inputs (Add, Concat) override these; a one-input layer is called
+  // through forward()/backward(). backward_inputs() writes one gradient per input (an
+  // empty tensor where none is needed), each valid until this layer's next backward.
+  virtual const Tensor& forward_inputs(Context& ctx, const std::vector<const Tensor*>& xs) {
+    return forward(ctx, *xs[0]);
+  }
+  virtual void backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>& dxs) {
+    dxs.assign(1, backward(ctx, dy));
+  }
 
  protected:
   DType dtype(const Context& ctx) const { return has_dtype_ ? dtype_ : ctx.compute; }
@@ -112,8 +140,8 @@ class Layer {
 class Linear final : public Layer {
  public:
   Linear(std::string name, int64_t in, int64_t out,
-         kernels::Activation act = kernels::Activation::none)
-      : Layer(std::move(name)), in_(in), out_(out), act_(act) {}
+         kernels::Activation act = kernels::Activation::none, bool bias = true)
+      : Layer(std::move(name)), in_(in), out_(out), act_(act), has_bias_(bias) {}
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -122,6 +150,7 @@ class Linear final : public Layer {
  private:
   int64_t in_, out_;
   kernels::Activation act_;
+  bool has_bias_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
   Tensor x_;  // the input of the last forward, viewed 2-D, in this layer's dtype
@@ -140,6 +169,7 @@ class Conv2D final : public Layer {
   Conv2D(std::string name, Options o) : Layer(std::move(name)), o_(o) {}
   // The next layer applies this layer's ReLU gradient (a MaxPool2D with set_relu_input).
   void set_relu_grad_done_by_next(bool yes) { relu_grad_by_next_ = yes; }
+  kernels::Activation activation() const { return o_.act; }
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -261,24 +291,46 @@ class BatchNorm2D final : public Layer {
   OwnedTensor xin_, y_, mean_, invstd_, dy_, dx_, dgamma_, dbeta_;
 };
 
-// y = body(x) + shortcut(x), where body and shortcut are layer sequences (an empty
-// shortcut is the identity). Its parameters are its layers' ("block.conv1.weight").
-class Residual final : public Layer {
+// y = x0 + x1 + ... (one shape); each input's gradient is dy itself.
+class Add final : public Layer {
  public:
-  Residual(std::string name, std::vector<std::unique_ptr<Layer>> body,
-           std::vector<std::unique_ptr<Layer>> shortcut);
-  std::vector<ParamSpec> param_specs() const override;
-  std::vector<ParamSpec> buffer_specs() const override;
-  void bind(std::vector<Param*> params) override;
-  void bind_buffers(std::vector<StateBuffer*> buffers) override;
-  std::vector<Layer*> children() override;
-  void set_dtype(DType t) override;
+  using Layer::Layer;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  const Tensor& forward_inputs(Context& ctx, const std::vector<const Tensor*>& xs) override;
+  void backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>& dxs) override;
+
+ private:
+  size_t inputs_ = 0;
+  OwnedTensor y_, acc_, dy_;
+};
+
+// Joins [N, C_i, ...] inputs along dimension 1 into [N, sum C_i, ...].
+class Concat final : public Layer {
+ public:
+  using Layer::Layer;
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  const Tensor& forward_inputs(Context& ctx, const std::vector<const Tensor*>& xs) override;
+  void backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>& dxs) override;
+
+ private:
+  std::vector<Shape> shapes_;
+  OwnedTensor y_;
+  std::vector<OwnedTensor> dx_;
+};
+
+// [N, ...] -> [N, shape...]: a view, no copy.
+class Reshape final : public Layer {
+ public:
+  Reshape(std::string name, Shape shape) : Layer(std::move(name)), shape_(std::move(shape)) {}
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
 
  private:
-  std::vector<std::unique_ptr<Layer>> body_, shortcut_;
-  OwnedTensor y_, dx_;
+  Shape shape_, x_shape_;
+  Tensor y_, dx_;
 };
+
 
 }  // namespace ringtrain

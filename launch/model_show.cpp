@@ -1,0 +1,159 @@
+// `ringtrain model show FILE|NAME [--input C,H,W]`: the layer table of a model (node, op,
+// output shape, parameters, forward FLOPs per sample, dtype) and its totals, as Keras's
+// summary() or torchinfo print it. Reads no data and allocates no parameters.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+#include <set>
+
+#include "core/error.hpp"
+#include "launch/commands.hpp"
+#include "launch/job.hpp"
+#include "launch/model_source.hpp"
+#include "ringtrain/model.pb.h"
+
+namespace po = boost::program_options;
+
+namespace ringtrain::launch {
+
+namespace {
+
+Shape parse_shape(const std::string& s) {
+  Shape out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(start, end - start);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    RT_REQUIRE(used == item.size() && !item.empty() && v > 0, "--input '", s,
+               "' is not a shape; expected positive integers C,H,W (e.g. 1,28,28) or D");
+    out.push_back(v);
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string human(double v) {
+  char buf[32];
+  if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+void show(const ModelShowConfig& c, const std::string& precision) {
+  load_plugins(c.plugins);
+  ModelFile f = ModelFile::load(c.model);
+  for (const auto& v : c.model_vars) f.override_var(v.var, v.value, v.option);
+  Shape input = c.input.empty() ? f.input_shape() : parse_shape(c.input);
+  RT_REQUIRE(!input.empty(), "model show: model '", f.name(), "' (", f.origin(),
+             ") states no input_shape; give --input C,H,W (e.g. --input 1,28,28)");
+  const int64_t classes = c.classes ? c.classes : f.classes() ? f.classes() : 10;
+  f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
+  const ModelPlan plan = plan_model(f);
+  const auto layers = build_layers(plan);
+  std::printf("model '%s' (%s): input %s, %lld classes\n", f.name().c_str(), f.origin().c_str(),
+              shape_str(plan.input).c_str(), static_cast<long long>(plan.classes));
+  std::printf("%-28s %-16s %-16s %12s %14s  %-5s %s\n", "node", "op", "output", "params",
+              "FLOPs/sample", "dtype", "inputs");
+  int64_t total_params = 0;
+  double total_flops = 0;
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    const PlannedNode& n = plan.nodes[i];
+    int64_t params = 0;
+    std::set<std::string> shared;
+    for (const auto& s : n.def->share()) shared.insert(s.param());
+    for (const auto& ps : layers[i]->param_specs())
+      if (!shared.count(ps.name)) params += shape_numel(ps.shape);
+    total_params += params;
+    total_flops += n.flops;
+    std::string ins;
+    for (int in : n.inputs)
+      ins += (ins.empty() ? "" : ", ") + (in < 0 ? std::string("input") : plan.nodes[size_t(in)].name);
+    const std::string dtype = n.dtype ? dtype_name(*n.dtype) : precision;
+    std::printf("%-28s %-16s %-16s %12lld %14s  %-5s %s%s\n", n.name.c_str(), n.op.c_str(),
+                shape_str(n.out).c_str(), static_cast<long long>(params), human(n.flops).c_str(),
+                dtype.c_str(), ins.c_str(), shared.empty() ? "" : " (shares parameters)");
+  }
+  std::printf("total: %zu nodes, %lld parameters (%s fp32 masters), %s FLOPs/sample forward "
+              "(about 3x that per trained sample)\n",
+              plan.nodes.size(), static_cast<long long>(total_params),
+              (human(double(total_params) * 4) + "B").c_str(), human(total_flops).c_str());
+}
+
+}  // namespace
+
+int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
+  ModelShowConfig c;
+  std::string precision = "fp32";
+  bool help = false;
+  agree(comm, [&] {
+    RT_REQUIRE(!args.empty() && args[0] == "show",
+               "ringtrain model: expected a subcommand: `ringtrain model show FILE|NAME "
+               "[--input C,H,W]`",
+               args.empty() ? "" : cat(" (got '", args[0], "')"));
+    po::options_description desc("model show options");
+    // clang-format off
+    desc.add_options()
+        ("help,h", "this help")
+        ("model", po::value(&c.model), "a built-in name (mlp, cnn, resnet) or a model file")
+        ("input", po::value(&c.input), "one sample's shape, C,H,W or D (default: the file's input_shape)")
+        ("classes", po::value(&c.classes), "number of classes (default: the file's, else 10)")
+        ("precision", po::value(&precision)->default_value("fp32"), "the run's compute dtype, for the dtype column")
+        ("hidden", po::value<std::string>(), "mlp: var hidden")
+        ("dropout", po::value<std::string>(), "cnn: var dropout")
+        ("depth", po::value<std::string>(), "resnet: var depth")
+        ("width", po::value<std::string>(), "resnet: var width")
+        ("activation", po::value<std::string>(), "resnet: var activation")
+        ("set", po::value<std::vector<std::string>>()->composing(), "VAR=VALUE: set a var of the model file")
+        ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load a plugin's ops");
+    // clang-format on
+    po::positional_options_description pos;
+    pos.add("model", 1);
+    po::variables_map vm;
+    try {
+      po::store(po::command_line_parser(std::vector<std::string>(args.begin() + 1, args.end()))
+                    .options(desc)
+                    .positional(pos)
+                    .run(),
+                vm);
+      po::notify(vm);
+    } catch (const po::error& e) {
+      throw_input(cat("ringtrain model show: ", e.what(), " (see ringtrain model show --help)"));
+    }
+    if (vm.count("help")) {
+      help = true;
+      if (comm.rank() == 0)
+        std::cout << "usage: ringtrain model show FILE|NAME [--input C,H,W] [options]\n" << desc;
+      return;
+    }
+    RT_REQUIRE(!c.model.empty(), "ringtrain model show: give a model file or a built-in name "
+                                 "(mlp, cnn, resnet)");
+    RT_REQUIRE(precision == "fp32" || precision == "fp16" || precision == "bf16", "--precision '",
+               precision, "' is not known; expected fp32, fp16 or bf16");
+    for (const char* name : {"hidden", "dropout", "depth", "width", "activation"})
+      if (vm.count(name)) c.model_vars.push_back({name, vm[name].as<std::string>(), cat("--", name)});
+    if (vm.count("set"))
+      for (const auto& item : vm["set"].as<std::vector<std::string>>()) {
+        const size_t eq = item.find('=');
+        RT_REQUIRE(eq != std::string::npos && eq > 0, "--set '", item, "' is not VAR=VALUE");
+        c.model_vars.push_back({item.substr(0, eq), item.substr(eq + 1), "--set " + item.substr(0, eq)});
+      }
+    if (comm.rank() == 0) show(c, precision);
+  });
+  return 0;
+}
+
+}  // namespace ringtrain::launch

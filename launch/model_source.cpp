@@ -1,0 +1,52 @@
+// The model of a run or of a checkpoint, and the plugins that add ops.
+#include "launch/model_source.hpp"
+
+#include <dlfcn.h>
+
+#include "core/error.hpp"
+#include "io/checkpoint.hpp"
+#include "nn/legacy_model_json.hpp"
+
+namespace ringtrain::launch {
+
+void load_plugins(const std::vector<std::string>& libs) {
+  for (const auto& lib : libs) {
+    // A path without a slash would be searched for in the library path: make it relative.
+    const std::string path = lib.find('/') == std::string::npos ? "./" + lib : lib;
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+      const char* why = dlerror();
+      throw_input(cat("--plugin '", lib, "' cannot be loaded: ", why ? why : "unknown error",
+                      " (a shared library built against this ringtrain, docs/models.md)"));
+    }
+  }
+}
+
+ModelFile load_model_for_run(const std::string& model,
+                             const std::vector<TrainConfig::VarOverride>& vars,
+                             const std::string& layer_precision, const Shape& sample,
+                             int64_t classes, const std::string& data) {
+  ModelFile f = ModelFile::load(model);
+  for (const auto& v : vars) f.override_var(v.var, v.value, v.option);
+  f.set_data_shape(sample, classes, data);
+  f.add_layer_precision(layer_precision);
+  plan_model(f);  // every error of the file now, before anything is allocated
+  return f;
+}
+
+ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path) {
+  const std::string origin = cat("checkpoint '", path, "' (model attribute)");
+  if (is_legacy_model_json(meta.model)) return model_file_from_legacy_json(meta.model, origin);
+  return ModelFile::parse(meta.model, origin);
+}
+
+void require_same_model(const ModelFile& run, const ModelFile& checkpoint,
+                        const std::string& path) {
+  const std::string diff = first_difference(plan_model(run), plan_model(checkpoint));
+  RT_REQUIRE(diff.empty(), "checkpoint '", path, "' holds another model than this run builds (",
+             run.origin(), "): ", diff,
+             "; use the same --model and options, another --checkpoint-dir, or --resume never "
+             "--overwrite");
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,554 @@
+// plan_model: expands a model file into nodes (repeats, `when`, `set`, name templates),
+// resolves inputs, orders the nodes topologically and infers every shape; build_model then
+// makes the layers and the Model. Errors carry FILE:LINE:COLUMN and the node.
+#include "nn/graph_builder.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "core/error.hpp"
+#include "nn/op_registry.hpp"
+#include "ringtrain/model.pb.h"
+
+namespace ringtrain {
+
+namespace gp = google::protobuf;
+
+namespace {
+
+// A reference to a node's output, resolved once every node is named.
+struct Ref {
+  bool model_input = false;
+  std::string text;                   // as written (templates expanded)
+  std::vector<std::string> prefixes;  // scopes to look in, innermost last
+  std::string exact;                  // a full name known at expansion
+};
+
+struct Raw {
+  std::string name;
+  std::shared_ptr<pb::Node> def;
+  const pb::Node* source;
+  std::vector<Ref> refs;
+};
+
+std::string op_name(const pb::Node& n) {
+  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
+  const gp::FieldDescriptor* fd = n.GetReflection()->GetOneofFieldDescriptor(n, oneof);
+  if (!fd) return "";
+  if (fd->name() == "custom") return n.custom().type();
+  return fd->name();
+}
+
+std::string upper(std::string s) {
+  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Sets field `set.field` of the node's op from the expression's value.
+void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
+  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
+  const gp::FieldDescriptor* opf = node.GetReflection()->GetOneofFieldDescriptor(node, oneof);
+  RT_REQUIRE(opf, "set: the node has no op to set '", set.field(), "' of");
+  const ExprValue v = eval_expr(set.expr(), scope);
+  if (opf->name() == "custom") {  // plugin ops: attributes by name
+    pb::Attr* a = nullptr;
+    for (auto& x : *node.mutable_custom()->mutable_attr())
+      if (x.name() == set.field()) a = &x;
+    if (!a) {
+      a = node.mutable_custom()->add_attr();
+      a->set_name(set.field());
+    }
+    switch (v.kind) {
+      case ExprValue::Kind::integer: a->set_int_value(v.i); break;
+      case ExprValue::Kind::real: a->set_float_value(v.d); break;
+      case ExprValue::Kind::string: a->set_string_value(v.s); break;
+      case ExprValue::Kind::list:
+        a->mutable_int_list()->mutable_value()->Assign(v.list.begin(), v.list.end());
+        break;
+    }
+    return;
+  }
+  gp::Message* op = node.GetReflection()->MutableMessage(&node, opf);
+  const gp::FieldDescriptor* fd = op->GetDescriptor()->FindFieldByName(set.field());
+  if (!fd) {
+    std::string fields;
+    for (int i = 0; i < op->GetDescriptor()->field_count(); ++i)
+      fields += (i ? ", " : "") + op->GetDescriptor()->field(i)->name();
+    throw_input(cat("set: op '", opf->name(), "' has no field '", set.field(), "' (its fields: ",
+                    fields.empty() ? "none" : fields, ")"));
+  }
+  const gp::Reflection* r = op->GetReflection();
+  auto integer = [&]() -> int64_t {
+    if (v.kind == ExprValue::Kind::integer) return v.i;
+    if (v.kind == ExprValue::Kind::real && v.d == double(int64_t(v.d))) return int64_t(v.d);
+    throw_input(cat("set: field '", set.field(), "' needs an integer, got '", v.str(), "'"));
+  };
+  auto number = [&]() -> double {
+    RT_REQUIRE(v.is_number(), "set: field '", set.field(), "' needs a number, got '", v.str(), "'");
+    return v.number();
+  };
+  if (fd->is_repeated()) {
+    RT_REQUIRE(fd->cpp_type() == gp::FieldDescriptor::CPPTYPE_INT64 &&
+                   v.kind == ExprValue::Kind::list,
+               "set: field '", set.field(), "' needs a list of integers, got '", v.str(), "'");
+    r->ClearField(op, fd);
+    for (int64_t x : v.list) r->AddInt64(op, fd, x);
+    return;
+  }
+  switch (fd->cpp_type()) {
+    case gp::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(op, fd, integer()); break;
+    case gp::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(op, fd, int32_t(integer())); break;
+    case gp::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(op, fd, number()); break;
+    case gp::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(op, fd, float(number())); break;
+    case gp::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(op, fd, number() != 0); break;
+    case gp::FieldDescriptor::CPPTYPE_STRING: r->SetString(op, fd, v.str()); break;
+    case gp::FieldDescriptor::CPPTYPE_ENUM: {
+      const gp::EnumValueDescriptor* e = v.kind == ExprValue::Kind::string
+                                             ? fd->enum_type()->FindValueByName(upper(v.s))
+                                             : fd->enum_type()->FindValueByNumber(int(integer()));
+      if (!e) {
+        std::string names;
+        for (int i = 0; i < fd->enum_type()->value_count(); ++i)
+          names += (i ? ", " : "") + fd->enum_type()->value(i)->name();
+        throw_input(cat("set: '", v.str(), "' is not a value of field '", set.field(),
+                        "' (expected one of ", names, ")"));
+      }
+      r->SetEnum(op, fd, e);
+      break;
+    }
+    default:
+      throw_input(cat("set: field '", set.field(), "' cannot be set by an expression"));
+  }
+}
+
+class Expander {
+ public:
+  explicit Expander(const ModelFile& f) : f_(f) {}
+
+  // Expands `nodes` in `scope`; returns the reference to the last output.
+  Ref expand(const gp::RepeatedPtrField<pb::Node>& nodes, const ExprScope& scope,
+             const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev) {
+    for (const pb::Node& node : nodes) {
+      const std::string loc = f_.where(node);
+      std::string shown = node.name();
+      try {
+        if (!node.when().empty() && !truth(eval_expr(node.when(), scope))) continue;
+        shown = prefixes.back() + expand_template(node.name(), scope);
+      } catch (const Error& e) {
+        fail(f_.where(node, node.when().empty() ? "name" : "when"), shown, e.what());
+      }
+      auto def = std::make_shared<pb::Node>(node);
+      for (int k = 0; k < node.set_size(); ++k) {
+        try {
+          apply_set(*def, node.set(k), scope);
+        } catch (const Error& e) {
+          fail(f_.where(node.set(k)), shown, e.what());
+        }
+      }
+      if (def->has_repeat()) {
+        prev = expand_repeat(node, *def, scope, prefixes, scope_in, prev, shown);
+        continue;
+      }
+      if (node.name().empty()) fail(loc, "", "a node needs a name");
+      if (shown == "input") fail(f_.where(node, "name"), shown, "'input' names the model input; choose another name");
+      if (!names_.insert(shown).second) fail(f_.where(node, "name"), shown, "a node of this name exists already");
+      if (op_name(*def).empty())
+        fail(loc, shown, "the node has no op (linear, conv, batch_norm, activation, max_pool, "
+                         "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
+      Raw raw{shown, def, &node, {}};
+      if (node.input_size() == 0) raw.refs.push_back(prev);
+      for (int k = 0; k < node.input_size(); ++k) {
+        std::string t;
+        try {
+          t = expand_template(node.input(k), scope);
+        } catch (const Error& e) {
+          fail(f_.where(node, "input", k), shown, e.what());
+        }
+        raw.refs.push_back(t == "input" ? scope_in : Ref{false, t, prefixes, ""});
+      }
+      def->clear_input();
+      raws_.push_back(std::move(raw));
+      prev = Ref{false, "", {}, shown};
+    }
+    return prev;
+  }
+
+  std::vector<Raw>& raws() { return raws_; }
+  const std::map<std::string, Ref>& aliases() const { return aliases_; }
+
+  [[noreturn]] static void fail(const std::string& loc, const std::string& node,
+                                const std::string& why) {
+    throw_input(node.empty() ? cat(loc, ": ", why) : cat(loc, ": node '", node, "': ", why));
+  }
+
+ private:
+  static bool truth(const ExprValue& v) {
+    RT_REQUIRE(v.is_number(), "when: needs a number, got '", v.str(), "'");
+    return v.number() != 0;
+  }
+
+  Ref expand_repeat(const pb::Node& node, const pb::Node& def, const ExprScope& scope,
+                    const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev,
+                    const std::string& shown) {
+    const pb::Repeat& r = def.repeat();
+    std::vector<int64_t> items;
+    int64_t count = r.count();
+    if (!r.over().empty()) {
+      auto it = scope.find(r.over());
+      if (it == scope.end() || it->second.kind != ExprValue::Kind::list)
+        fail(f_.where(node.repeat(), "over"), shown,
+             cat("repeat: over '", r.over(), "' is not an int_list var of this model"));
+      items = it->second.list;
+      count = int64_t(items.size());
+    }
+    if (count < 0 || count > 100000)
+      fail(f_.where(node), shown, cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
+    if (node.input_size() > 1) fail(f_.where(node, "input", 1), shown, "a repeat takes one input");
+    Ref in = prev;
+    if (node.input_size() == 1) {
+      const std::string t = expand_template(node.input(0), scope);
+      in = t == "input" ? scope_in : Ref{false, t, prefixes, ""};
+    }
+    const std::string index = r.index().empty() ? "i" : r.index();
+    for (int64_t k = 0; k < count; ++k) {
+      ExprScope s = scope;
+      s[index] = ExprValue::of(r.start() + k);
+      if (!items.empty()) s["item"] = ExprValue::of(items[size_t(k)]);
+      std::string p;
+      try {
+        p = prefixes.back() + expand_template(r.prefix(), s);
+      } catch (const Error& e) {
+        fail(f_.where(node.repeat(), "prefix"), shown, e.what());
+      }
+      std::vector<std::string> inner = prefixes;
+      inner.push_back(p);
+      Ref out = expand(node.repeat().node(), s, inner, in, in);
+      if (!r.output().empty()) out = Ref{false, "", {}, p + expand_template(r.output(), s)};
+      in = out;
+    }
+    if (!node.name().empty()) aliases_[shown] = in;
+    return in;
+  }
+
+  const ModelFile& f_;
+  std::vector<Raw> raws_;
+  std::set<std::string> names_;
+  std::map<std::string, Ref> aliases_;
+};
+
+std::optional<DType> parse_precision(const std::string& v) {
+  if (v == "fp32") return DType::f32;
+  if (v == "fp16") return DType::f16;
+  if (v == "bf16") return DType::bf16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ModelPlan plan_model(const ModelFile& file) {
+  const pb::Model& m = file.def();
+  ModelPlan plan;
+  plan.input = file.input_shape();
+  plan.classes = file.classes();
+  RT_REQUIRE(!plan.input.empty() && shape_numel(plan.input) > 0, "model '", file.name(),
+             "' needs a non-empty input shape, got ", shape_str(plan.input));
+  RT_REQUIRE(plan.classes >= 2, "model '", file.name(), "' needs at least 2 classes, got ",
+             plan.classes);
+  RT_REQUIRE(m.node_size() > 0, file.origin(), ": model '", file.name(), "' has no nodes");
+
+  // 1. Expansion.
+  Expander ex(file);
+  const Ref input{true, "input", {}, ""};
+  ex.expand(m.node(), file.scope(), {""}, input, input);
+  std::vector<Raw>& raws = ex.raws();
+  RT_REQUIRE(!raws.empty(), file.origin(), ": model '", file.name(), "' expands to no nodes");
+
+  // 2. Inputs by name.
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < raws.size(); ++i) index[raws[i].name] = int(i);
+  std::function<int(const Ref&, int)> resolve = [&](const Ref& r, int depth) -> int {
+    if (r.model_input) return -1;
+    if (depth > 64) return -2;
+    if (!r.exact.empty()) {
+      if (auto it = index.find(r.exact); it != index.end()) return it->second;
+      if (auto it = ex.aliases().find(r.exact); it != ex.aliases().end())
+        return resolve(it->second, depth + 1);
+      return -2;
+    }
+    for (size_t k = r.prefixes.size(); k-- > 0;) {
+      const std::string full = r.prefixes[k] + r.text;
+      if (auto it = index.find(full); it != index.end()) return it->second;
+      if (auto it = ex.aliases().find(full); it != ex.aliases().end())
+        return resolve(it->second, depth + 1);
+    }
+    return -2;
+  };
+  std::vector<std::vector<int>> inputs(raws.size());
+  for (size_t i = 0; i < raws.size(); ++i)
+    for (size_t k = 0; k < raws[i].refs.size(); ++k) {
+      const int in = resolve(raws[i].refs[k], 0);
+      const bool implicit = raws[i].source->input_size() == 0;
+      if (in == -2)
+        Expander::fail(file.where(*raws[i].source, "input", int(k)), raws[i].name,
+                       cat("input '", raws[i].refs[k].text.empty() ? raws[i].refs[k].exact : raws[i].refs[k].text,
+                           "' is not a node of this model"));
+      if (in == int(i))
+        Expander::fail(file.where(*raws[i].source, implicit ? "" : "input", int(k)), raws[i].name,
+                       "a node cannot read its own output");
+      inputs[i].push_back(in);
+    }
+
+  // 3. Output and topological order (file order where the edges allow it).
+  int output = int(raws.size()) - 1;
+  if (!m.output().empty()) {
+    auto it = index.find(m.output());
+    RT_REQUIRE(it != index.end() || ex.aliases().count(m.output()), file.where(m, "output"),
+               ": output '", m.output(), "' is not a node of this model");
+    output = it != index.end() ? it->second : resolve(ex.aliases().at(m.output()), 0);
+  }
+  std::vector<char> reaches(raws.size(), 0);
+  reaches[size_t(output)] = 1;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < raws.size(); ++i)
+      if (reaches[i])
+        for (int in : inputs[i])
+          if (in >= 0 && !reaches[size_t(in)]) reaches[size_t(in)] = changed = true;
+  }
+  std::vector<int> order;
+  std::vector<char> placed(raws.size(), 0);
+  while (order.size() < raws.size()) {
+    int next = -1;
+    for (size_t i = 0; i < raws.size() && next < 0; ++i) {
+      if (placed[i]) continue;
+      bool ready = true;
+      for (int in : inputs[i]) ready = ready && (in < 0 || placed[size_t(in)]);
+      if (ready) next = int(i);
+    }
+    if (next < 0) {  // a cycle: name it, from the first node left
+      size_t first = 0;
+      while (placed[first]) ++first;
+      std::string path = raws[first].name;
+      size_t at = first;
+      std::set<size_t> seen{first};
+      while (true) {
+        int in = -1;
+        for (int x : inputs[at])
+          if (x >= 0 && !placed[size_t(x)]) in = x;
+        if (in < 0) break;
+        path += " <- " + raws[size_t(in)].name;
+        if (!seen.insert(size_t(in)).second) break;
+        at = size_t(in);
+      }
+      Expander::fail(file.where(*raws[first].source, "input"), raws[first].name,
+                     cat("its inputs form a cycle: ", path));
+    }
+    placed[size_t(next)] = 1;
+    order.push_back(next);
+  }
+  for (size_t i = 0; i < raws.size(); ++i)
+    if (!reaches[i])
+      Expander::fail(file.where(*raws[i].source), raws[i].name,
+                     cat("its output is not used on the way to the model's output '",
+                         raws[size_t(output)].name, "'"));
+
+  // 4. Shapes, in order, before anything is allocated.
+  std::vector<int> position(raws.size());
+  for (size_t k = 0; k < order.size(); ++k) position[size_t(order[k])] = int(k);
+  for (int i : order) {
+    Raw& raw = raws[size_t(i)];
+    PlannedNode pn;
+    pn.name = raw.name;
+    pn.op = op_name(*raw.def);
+    pn.def = raw.def;
+    pn.source = raw.source;
+    for (int in : inputs[size_t(i)]) {
+      pn.inputs.push_back(in < 0 ? -1 : position[size_t(in)]);
+      pn.input_shapes.push_back(in < 0 ? plan.input : plan.nodes[size_t(position[size_t(in)])].out);
+    }
+    const std::string loc = file.where(*raw.source);
+    const OpDef* op = find_op(pn.op);
+    if (!op) {
+      const auto known = registered_ops();
+      std::string names;
+      for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+      Expander::fail(loc, pn.name,
+                     cat("unknown op '", pn.op, "' (ops: ", names,
+                         "; a plugin's op needs --plugin LIB.so)"));
+    }
+    const int n_in = int(pn.inputs.size());
+    if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs))
+      Expander::fail(loc, pn.name,
+                     cat(pn.op, " takes ", op->min_inputs,
+                         op->max_inputs < 0 ? " or more" : op->max_inputs == op->min_inputs ? "" : cat(" to ", op->max_inputs),
+                         " input(s), got ", n_in));
+    const OpNode on{*pn.def, pn.name, pn.input_shapes};
+    try {
+      pn.out = op->infer(on);
+      pn.flops = op->flops ? op->flops(on, pn.out) : double(shape_numel(pn.out));
+    } catch (const Error& e) {
+      std::string shapes;
+      for (const auto& s : pn.input_shapes) shapes += (shapes.empty() ? "" : ", ") + shape_str(s);
+      Expander::fail(loc, pn.name, cat(pn.op, ": ", e.what(), " (input shape(s) ", shapes, ")"));
+    }
+    if (!raw.source->precision().empty()) {
+      pn.dtype = parse_precision(raw.source->precision());
+      if (!pn.dtype)
+        Expander::fail(file.where(*raw.source, "precision"), pn.name,
+                       cat("precision '", raw.source->precision(), "' is not fp32, fp16 or bf16"));
+    }
+    plan.nodes.push_back(std::move(pn));
+  }
+  const PlannedNode& last = plan.nodes.back();
+  if (last.out != Shape{plan.classes})
+    Expander::fail(file.where(*last.source), last.name,
+                   cat("the model's output has shape ", shape_str(last.out),
+                       " per sample, but the data has ", plan.classes,
+                       " classes (expected [", plan.classes, "]; `set { field: \"out_features\" expr: \"classes\" }`)"));
+
+  // 5. --layer-precision: exact node names or prefixes at a dot ("stage2" for "stage2.*").
+  for (const std::string& item : m.layer_precision()) {
+    const size_t eq = item.find('=');
+    RT_REQUIRE(eq != std::string::npos && eq > 0, "--layer-precision '", item,
+               "' is not LAYER=DTYPE (e.g. conv1=fp32)");
+    const std::string name = item.substr(0, eq);
+    const auto dt = parse_precision(item.substr(eq + 1));
+    RT_REQUIRE(dt, "--layer-precision '", item, "': '", item.substr(eq + 1),
+               "' is not fp32, fp16 or bf16");
+    bool any = false;
+    for (auto& pn : plan.nodes)
+      if (pn.name == name || pn.name.rfind(name + ".", 0) == 0) {
+        pn.dtype = dt;
+        any = true;
+      }
+    if (!any) {
+      std::string names;
+      for (const auto& pn : plan.nodes) names += (names.empty() ? "" : ", ") + pn.name;
+      throw_input(
+          cat("--layer-precision: the model has no layer '", name, "'; its layers are ", names));
+    }
+  }
+  return plan;
+}
+
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan) {
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (const auto& pn : plan.nodes)
+    layers.push_back(find_op(pn.op)->build(OpNode{*pn.def, pn.name, pn.input_shapes}));
+  return layers;
+}
+
+namespace {
+
+Init init_kind(pb::InitKind k) {
+  switch (k) {
+    case pb::KAIMING_UNIFORM: return Init::kaiming_uniform;
+    case pb::KAIMING_NORMAL: return Init::kaiming_normal;
+    case pb::XAVIER_UNIFORM: return Init::xavier_uniform;
+    case pb::XAVIER_NORMAL: return Init::xavier_normal;
+    case pb::NORMAL: return Init::normal;
+    case pb::ZEROS: return Init::zeros;
+    case pb::ONES: return Init::ones;
+    default: return Init::fan_in_uniform;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
+  const ModelPlan plan = plan_model(file);
+  auto layers = build_layers(plan);
+  std::vector<GraphNode> nodes;
+  std::set<std::string> earlier;  // parameters of earlier nodes, for `share`
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    const PlannedNode& pn = plan.nodes[i];
+    const pb::Node& src = *pn.source;
+    GraphNode g;
+    g.layer = std::move(layers[i]);
+    g.inputs = pn.inputs;
+    if (pn.dtype) g.layer->set_dtype(*pn.dtype);
+    std::set<std::string> own;
+    for (const auto& ps : g.layer->param_specs()) own.insert(ps.name);
+    auto param_names = [&] {
+      std::string s;
+      for (const auto& n : own) s += (s.empty() ? "" : ", ") + n;
+      return s.empty() ? std::string("none") : s;
+    };
+    for (int k = 0; k < src.init_size(); ++k) {
+      const pb::Init& in = src.init(k);
+      if (!in.param().empty() && !own.count(in.param()))
+        Expander::fail(file.where(in, "param"), pn.name,
+                       cat("init: the node has no parameter '", in.param(), "' (its parameters: ",
+                           param_names(), ")"));
+      if (in.kind() == pb::NORMAL && !(in.std() > 0))
+        Expander::fail(file.where(in, "std"), pn.name,
+                       cat("init: NORMAL needs a positive std, got ", in.std()));
+      if (in.kind() != pb::DEFAULT) g.init.push_back({in.param(), init_kind(in.kind()), in.std()});
+    }
+    if (src.has_weight_decay()) g.decay = src.weight_decay();
+    for (int k = 0; k < src.share_size(); ++k) {
+      const pb::Share& sh = src.share(k);
+      if (!own.count(sh.param()))
+        Expander::fail(file.where(sh, "param"), pn.name,
+                       cat("share: the node has no parameter '", sh.param(),
+                           "' (its parameters: ", param_names(), ")"));
+      if (!earlier.count(sh.from()))
+        Expander::fail(file.where(sh, "from"), pn.name,
+                       cat("share: '", sh.from(),
+                           "' is not a parameter of an earlier node (NODE.PARAM)"));
+      g.shared[sh.param()] = sh.from();
+    }
+    for (const auto& n : own)
+      if (!g.shared.count(n)) earlier.insert(pn.name + "." + n);
+    nodes.push_back(std::move(g));
+  }
+  try {
+    return std::make_unique<Model>(std::move(nodes), compute, file.normalised());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::input) throw;
+    throw_input(cat(file.origin(), ": ", e.what()));
+  }
+}
+
+std::string first_difference(const ModelPlan& here, const ModelPlan& there) {
+  if (here.input != there.input)
+    return cat("the input shape: ", shape_str(here.input), " here, ", shape_str(there.input),
+               " there");
+  if (here.classes != there.classes)
+    return cat("the classes: ", here.classes, " here, ", there.classes, " there");
+  auto describe = [](const PlannedNode& n) {
+    std::string s;
+    gp::TextFormat::Printer p;
+    p.SetSingleLineMode(true);
+    pb::Node d = *n.def;
+    d.clear_name();
+    d.clear_set();
+    d.clear_when();
+    d.clear_precision();
+    p.PrintToString(d, &s);
+    std::string ins;
+    for (int in : n.inputs) ins += cat(ins.empty() ? "" : ",", in);
+    return cat(s, "inputs [", ins, "] out ", shape_str(n.out),
+               n.dtype ? cat(" ", dtype_name(*n.dtype)) : "");
+  };
+  const size_t n = std::min(here.nodes.size(), there.nodes.size());
+  for (size_t i = 0; i < n; ++i) {
+    const auto& a = here.nodes[i];
+    const auto& b = there.nodes[i];
+    if (a.name != b.name)
+      return cat("node ", i + 1, ": '", a.name, "' here, '", b.name, "' there");
+    const std::string da = describe(a), db = describe(b);
+    if (da != db) return cat("node '", a.name, "': ", da, " here; ", db, " there");
+  }
+  if (here.nodes.size() != there.nodes.size()) {
+    const auto& longer = here.nodes.size() > n ? here.nodes : there.nodes;
+    return cat("node '", longer[n].name, "' exists only ",
+               here.nodes.size() > n ? "here" : "there", " (", here.nodes.size(), " nodes here, ",
+               there.nodes.size(), " there)");
+  }
+  return "";
+}
+
+}  // namespace ringtrain

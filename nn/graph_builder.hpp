@@ -1,0 +1,45 @@
+// From a model file to a Model: expansion (repeats, `when`, `set`, name templates), input
+// resolution and topological order, shape inference over the whole graph before anything
+// is allocated, and the build. Every error is an input error naming FILE:LINE:COLUMN and
+// the node.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/model.hpp"
+#include "nn/model_file.hpp"
+
+namespace ringtrain {
+
+struct PlannedNode {
+  std::string name;
+  std::string op;                 // the registry's name ("conv", or a plugin op's type)
+  std::shared_ptr<pb::Node> def;  // as expanded: every `set` applied
+  const pb::Node* source = nullptr;  // in the ModelFile, for locations
+  std::vector<int> inputs;        // indices of earlier nodes; -1: the model input
+  std::vector<Shape> input_shapes;
+  Shape out;                      // one sample
+  double flops = 0;               // forward, one sample
+  std::optional<DType> dtype;     // `precision` or --layer-precision
+};
+
+struct ModelPlan {
+  Shape input;
+  int64_t classes = 0;
+  std::vector<PlannedNode> nodes;  // in topological order; the last is the output
+};
+
+// Needs the input shape and classes (ModelFile::set_data_shape, or a checkpoint's text).
+ModelPlan plan_model(const ModelFile& file);
+// Plans and builds; the Model's text() is file.normalised().
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute);
+// Layers of a plan without a Model (no flat buffers): for `model show` and checks.
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan);
+// "" when the two plans build the same network; else the first node that differs and how
+// ("node 'conv2': conv { out_channels: 64 ... } here, conv { out_channels: 32 ... } there").
+std::string first_difference(const ModelPlan& here, const ModelPlan& there);
+
+}  // namespace ringtrain

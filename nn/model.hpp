@@ -1,0 +1,124 @@
+// Model: a graph of layers (nodes in topological order, each reading the outputs of earlier
+// nodes or the model input) over one flat parameter store (fp32 masters, compute-dtype
+// working copy, compute-dtype gradients), the layout that bucketing, fused optimizers and
+// checkpoints rely on. Built from a model file by build_model() (nn/graph_builder.hpp).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.hpp"
+
+namespace ringtrain {
+
+// One node of a model: its layer, where its inputs come from, and the per-node options of
+// the model file that concern its parameters.
+struct GraphNode {
+  std::unique_ptr<Layer> layer;
+  std::vector<int> inputs;  // indices of earlier nodes; -1: the model input
+  struct InitOverride {
+    std::string param;  // empty: every parameter of the node
+    Init init = Init::fan_in_uniform;
+    double std = 0;
+  };
+  std::vector<InitOverride> init;
+  bool decay = true;                          // weight decay on this node's parameters
+  std::map<std::string, std::string> shared;  // param -> the earlier "node.param" it is
+};
+
+class Model {
+ public:
+  // `text`: the normalised model file the nodes were built from (what checkpoints store).
+  Model(std::vector<GraphNode> nodes, DType compute, std::string text = {});
+  // A chain: each layer reads the previous one's output (models built in code, tests).
+  Model(std::vector<std::unique_ptr<Layer>> layers, DType compute);
+
+  const std::string& text() const { return text_; }
+  DType compute_dtype() const { return compute_; }
+  int64_t num_params() const { return num_params_; }
+  // The parameters in the flat buffers (a shared parameter appears once, at its owner).
+  std::vector<Param>& params() { return params_; }
+  // Non-trainable fp32 state (BatchNorm running averages), in one flat buffer.
+  std::vector<StateBuffer>& buffers() { return buffers_; }
+  int64_t num_buffer_elems() const { return num_buffer_elems_; }
+  Tensor state() const {
+    return Tensor(state_.data(), {num_buffer_elems_}, DType::f32, state_.device());
+  }
+  // Where the flat buffers live: the DeviceScope's device when the model was built.
+  Device device() const { return master_.device(); }
+  // The node of that name; null if none.
+  Layer* find_layer(const std::string& name) const;
+  std::vector<std::string> layer_names() const;  // node names, in order (for messages)
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+  const std::vector<std::vector<int>>& node_inputs() const { return inputs_; }
+
+  Tensor master() const { return flat(master_, DType::f32); }  // fp32 masters
+  // The compute-dtype working copy; in fp32 it is the masters themselves.
+  Tensor work() const { return compute_ == DType::f32 ? master() : flat(work_, compute_); }
+  Tensor grad() const { return flat(grad_, compute_); }  // compute-dtype gradients
+
+  // Draws the masters from `seed` (one stream per parameter name, so the values do not
+  // depend on the node order), resets the state buffers and refreshes the working copy.
+  // On the host; a model on a GPU receives the values through host staging buffers.
+  void init_parameters(uint64_t seed, kernels::Backend& backend);
+  // After the masters were replaced (checkpoint, broadcast): working copy = cast(masters).
+  void refresh_working_copy(kernels::Backend& backend);
+
+  // The graph executor (nn/executor.cpp). forward runs the nodes in order and returns the
+  // last node's output, the logits in fp32 (the precision policy keeps the last node's
+  // output in fp32). after_layer(l, y), if given, sees each node's output (diagnostics,
+  // tracing). On a GPU, each node's allocations carry its name (AllocScope) for
+  // out-of-memory messages.
+  const Tensor& forward(Context& ctx, const Tensor& x,
+                        const std::function<void(size_t, const Tensor&)>& after_layer = {});
+  // Called after each node's backward with the node index and its (first) input gradient
+  // (empty where none is computed), before grad_ready for its parameters.
+  using BackwardHook = std::function<void(size_t, const Tensor&)>;
+  void set_backward_hook(BackwardHook hook) { backward_hook_ = std::move(hook); }
+  // The nodes' parameter index ranges (first, count) into params(), per node.
+  const std::vector<std::pair<size_t, size_t>>& layer_params() const { return layer_params_; }
+  // Runs the nodes backward in reverse order, summing the gradients of outputs read by
+  // several nodes, and writes every parameter gradient (compute dtype) into grad(). After
+  // each node, grad_ready(i) is called for each of its parameters (index into params()):
+  // the hook through which gradient communication starts while backward goes on.
+  void backward(Context& ctx, const Tensor& dlogits,
+                const std::function<void(size_t)>& grad_ready = {});
+
+ private:
+  Tensor flat(const Buffer& b, DType t) const {
+    return Tensor(b.data(), {num_params_}, t, b.device());
+  }
+  void apply_policy();
+
+  std::string text_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<int>> inputs_;
+  DType compute_;
+  int64_t num_params_ = 0;
+  std::vector<Param> params_;
+  std::vector<std::pair<size_t, size_t>> layer_params_;  // per node: first param, count
+  // A parameter a node shares with an earlier one: the owner's values, its own gradient,
+  // added into the owner's when the owner's backward is done.
+  struct Shared {
+    size_t owner;  // index into params_
+    size_t node;   // the sharing node
+    Param param;
+    OwnedTensor grad;
+  };
+  std::vector<std::unique_ptr<Shared>> shared_;
+  std::vector<StateBuffer> buffers_;
+  int64_t num_buffer_elems_ = 0;
+  BackwardHook backward_hook_;
+  Buffer master_, work_, grad_, state_;
+  // Executor state: each node's output, and its gradient as it is summed.
+  std::vector<const Tensor*> outs_;
+  std::vector<Tensor> grads_;
+  std::vector<char> has_grad_;
+  std::vector<OwnedTensor> grad_sums_;
+  std::vector<Tensor> dxs_;
+};
+
+}  // namespace ringtrain

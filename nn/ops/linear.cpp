@@ -1,0 +1,91 @@
+// The linear op: Linear (y = act(x W^T + b)) and the registration of `linear`.
+#include "core/error.hpp"
+#include "nn/layers.hpp"
+#include "nn/op_registry.hpp"
+#include "ringtrain/model.pb.h"
+
+namespace ringtrain {
+
+using kernels::Activation;
+
+// ---- Linear ----------------------------------------------------------------------------
+
+std::vector<ParamSpec> Linear::param_specs() const {
+  std::vector<ParamSpec> specs{{"weight", {out_, in_}, in_, Init::fan_in_uniform, out_}};
+  if (has_bias_) specs.push_back({"bias", {out_}, in_, Init::fan_in_uniform, out_});
+  return specs;
+}
+
+void Linear::bind(std::vector<Param*> params) {
+  RT_CHECK(params.size() == (has_bias_ ? 2u : 1u), "Linear binds ", has_bias_ ? 2 : 1,
+           " params, got ", params.size());
+  weight_ = params[0];
+  bias_ = has_bias_ ? params[1] : nullptr;
+}
+
+const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
+  const int64_t n = x.dim(0);
+  RT_REQUIRE(x.numel() == n * in_, "layer ", name(), " expects ", in_,
+             " input features per sample, got ", x.numel() / (n ? n : 1), " (input shape ",
+             shape_str(x.shape), ")");
+  x_shape_ = x.shape;
+  const Tensor& xi = in_dtype(ctx, x, xin_);
+  x_ = Tensor(xi.data, {n, in_}, xi.dtype, xi.device);
+  Tensor& y = y_.ensure({n, out_}, out_dtype(ctx));
+  ctx.backend.gemm(false, true, 1.f, x_, weights(ctx, *weight_, w_), 0.f, y);
+  if (bias_)
+    ctx.backend.bias_add(y, bias_->master, act_);  // the bias from the fp32 masters
+  else if (act_ == Activation::relu)
+    ctx.backend.relu(y, y);
+  return y;
+}
+
+const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
+  const Tensor dy = relu_masked(ctx, act_, y_.view, dy_in, dy_);
+  const Tensor dw = grad_target(ctx, *weight_, dw_);
+  ctx.backend.gemm(true, false, 1.f, dy, x_, 0.f, dw);  // dW = dy^T x
+  commit_grad(ctx, *weight_, dw);
+  if (bias_) ctx.backend.bias_grad(dy, bias_->grad);
+  if (!needs_input_grad_) return dx_.view;
+  Tensor& dx = dx_.ensure({dy.dim(0), in_}, dtype(ctx));
+  ctx.backend.gemm(false, false, 1.f, dy, weights(ctx, *weight_, w_), 0.f, dx);  // dx = dy W
+  dx.shape = x_shape_;
+  return dx;
+}
+
+
+// ---- registration ----------------------------------------------------------------------
+
+Activation fused_activation(pb::Activation a) {
+  RT_REQUIRE(a == pb::NONE || a == pb::RELU, "activation ", pb::Activation_Name(a),
+             " cannot be fused here; expected NONE or RELU (use an activation node)");
+  return a == pb::RELU ? Activation::relu : Activation::none;
+}
+
+namespace {
+
+RINGTRAIN_REGISTER_OP(
+    linear, OpDef{.name = "linear",
+                  .infer =
+                      [](const OpNode& n) -> Shape {
+                        const auto& o = n.def.linear();
+                        RT_REQUIRE(o.out_features() >= 1, "out_features ", o.out_features(),
+                                   " is not valid; expected a positive number");
+                        fused_activation(o.activation());
+                        return {o.out_features()};
+                      },
+                  .build =
+                      [](const OpNode& n) -> std::unique_ptr<Layer> {
+                        const auto& o = n.def.linear();
+                        return std::make_unique<Linear>(
+                            n.name, shape_numel(n.inputs[0]), o.out_features(),
+                            fused_activation(o.activation()), !o.has_bias() || o.bias());
+                      },
+                  .flops = [](const OpNode& n, const Shape& out) {
+                    return 2.0 * double(shape_numel(n.inputs[0])) * double(out[0]) +
+                           double(out[0]);
+                  }});
+
+}  // namespace
+
+}  // namespace ringtrain
