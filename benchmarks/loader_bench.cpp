@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/model.hpp"
+#include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
 #include "io/hdf5.hpp"
 #include "io/loader.hpp"
@@ -72,11 +72,8 @@ int main(int argc, char** argv) {
     io::Dataset ds(data);
     const auto& info = ds.info();
     auto be = kernels::make_cpu_backend(1);
-    ModelSpec spec;
-    spec.input = info.sample_shape;
-    spec.hidden = {512, 256};
-    spec.classes = info.num_classes;
-    auto model = build_model(spec, DType::f32);
+    auto model = build_model("mlp", info.sample_shape, info.num_classes, {{"hidden", "512,256"}},
+                             DType::f32);
     model->init_parameters(1, *be);
     auto opt = make_optimizer(OptimizerConfig{}, model->num_params());
     Bench b{*be, *model, *opt, {}, {}};

@@ -512,6 +512,17 @@ std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
   }
 }
 
+std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape& input,
+                                   int64_t classes,
+                                   const std::vector<std::pair<std::string, std::string>>& vars,
+                                   DType compute, const std::string& layer_precision) {
+  ModelFile f = ModelFile::load(name_or_path);
+  for (const auto& [var, value] : vars) f.override_var(var, value, "--" + var);
+  f.set_data_shape(input, classes, "the data");
+  f.add_layer_precision(layer_precision);
+  return build_model(f, compute);
+}
+
 std::string first_difference(const ModelPlan& here, const ModelPlan& there) {
   if (here.input != there.input)
     return cat("the input shape: ", shape_str(here.input), " here, ", shape_str(there.input),

@@ -36,6 +36,12 @@ struct ModelPlan {
 ModelPlan plan_model(const ModelFile& file);
 // Plans and builds; the Model's text() is file.normalised().
 std::unique_ptr<Model> build_model(const ModelFile& file, DType compute);
+// A shipped model (or a model file) with var overrides ({"width", "8"}), for the data shape
+// given: what tests, benchmarks and tools build.
+std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape& input,
+                                   int64_t classes,
+                                   const std::vector<std::pair<std::string, std::string>>& vars,
+                                   DType compute, const std::string& layer_precision = {});
 // Layers of a plan without a Model (no flat buffers): for `model show` and checks.
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan);
 // "" when the two plans build the same network; else the first node that differs and how

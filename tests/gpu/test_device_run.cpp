@@ -2,7 +2,7 @@
 // core's device handling): a model built under a DeviceScope has device-labelled flat views,
 // Model::init_parameters gives it the host's values through staging, HostMirror copies the
 // masters, buffers and optimizer state to the host and back, and BatchStage uploads a batch.
-#include "nn/model.hpp"
+#include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
 #include "launch/device.hpp"
 #include "tests/gpu/gpu_util.hpp"
@@ -10,22 +10,16 @@
 namespace ringtrain::test {
 namespace {
 
-ModelSpec small_resnet() {  // has BatchNorm buffers as well as parameters
-  ModelSpec spec;
-  spec.name = "resnet";
-  spec.input = {3, 8, 8};
-  spec.classes = 4;
-  spec.depth = 1;
-  spec.width = 8;
-  return spec;
+std::unique_ptr<Model> small_resnet(DType precision) {  // BatchNorm buffers and parameters
+  return build_model("resnet", {3, 8, 8}, 4, {{"depth", "1"}, {"width", "8"}}, precision);
 }
 
 TEST(DeviceRun, InitOnDeviceEqualsHost) {
   RT_NEED_GPU();
-  auto host = build_model(small_resnet(), DType::bf16);
+  auto host = small_resnet(DType::bf16);
   host->init_parameters(11, cpu_backend());
   DeviceScope scope(gpu());
-  auto dev = build_model(small_resnet(), DType::bf16);
+  auto dev = small_resnet(DType::bf16);
   EXPECT_EQ(dev->device(), gpu());
   EXPECT_EQ(dev->master().device, gpu());
   EXPECT_EQ(dev->grad().device, gpu());
@@ -39,7 +33,7 @@ TEST(DeviceRun, InitOnDeviceEqualsHost) {
 TEST(DeviceRun, HostMirrorRoundTrip) {
   RT_NEED_GPU();
   DeviceScope scope(gpu());
-  auto model = build_model(small_resnet(), DType::f32);
+  auto model = small_resnet(DType::f32);
   model->init_parameters(3, gpu_backend());
   auto opt = make_optimizer(OptimizerConfig{}, model->num_params());  // adamw: two states
   ASSERT_EQ(opt->state(0).device, gpu());

@@ -5,7 +5,7 @@
 // the losses and the parameter updates must agree within each precision's tolerance.
 #include <cmath>
 
-#include "nn/model.hpp"
+#include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
 #include "core/rng.hpp"
 #include "tests/gpu/gpu_util.hpp"
@@ -18,14 +18,26 @@ struct RunResult {
   std::vector<float> init, final_master;
 };
 
-RunResult train(const ModelSpec& spec, DType precision, bool on_gpu, int steps, int64_t batch) {
+// A built-in model and the vars it is built with.
+struct Spec {
+  std::string name;
+  Shape input;
+  int64_t classes = 4;
+  std::vector<std::pair<std::string, std::string>> vars;
+};
+
+std::unique_ptr<Model> make(const Spec& s, DType precision) {
+  return build_model(s.name, s.input, s.classes, s.vars, precision);
+}
+
+RunResult train(const Spec& spec, DType precision, bool on_gpu, int steps, int64_t batch) {
   kernels::Backend& be = on_gpu ? gpu_backend() : cpu_backend();
   const Device dev = on_gpu ? gpu() : Device{};
   // The masters are drawn on the host (init_parameters writes host memory), then copied.
-  auto host_model = build_model(spec, precision);
+  auto host_model = make(spec, precision);
   host_model->init_parameters(7, cpu_backend());
   DeviceScope scope(dev);
-  auto model = build_model(spec, precision);
+  auto model = make(spec, precision);
   copy_bytes(model->master().data, dev, host_model->master().data, Device{},
              model->master().bytes());
   if (model->num_buffer_elems() > 0)
@@ -87,18 +99,16 @@ class TrainingTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
 
 TEST_P(TrainingTest, TenStepsMatchCpu) {
   const auto [name, precision] = GetParam();
-  ModelSpec spec;
+  Spec spec;
   spec.name = name;
-  spec.classes = 4;
   if (name == "mlp") {
     spec.input = {1, 8, 8};
-    spec.hidden = {64, 32};
+    spec.vars = {{"hidden", "64,32"}};
   } else if (name == "cnn") {
     spec.input = {1, 12, 12};
   } else {
     spec.input = {3, 8, 8};
-    spec.depth = 1;
-    spec.width = 8;
+    spec.vars = {{"depth", "1"}, {"width", "8"}};
   }
   RunResult cpu, gpu;
   try {

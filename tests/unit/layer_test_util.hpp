@@ -60,7 +60,7 @@ struct OneLayer {
   OneLayer(std::unique_ptr<Layer> layer, DType compute, uint64_t seed, kernels::Backend& backend) {
     std::vector<std::unique_ptr<Layer>> layers;
     layers.push_back(std::move(layer));
-    model = std::make_unique<Model>(ModelSpec{}, std::move(layers), compute);
+    model = std::make_unique<Model>(std::move(layers), compute);
     model->layers()[0]->set_needs_input_grad(true);
     model->layers()[0]->set_output_dtype(compute);
     model->init_parameters(seed, backend);

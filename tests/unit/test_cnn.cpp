@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "nn/layers.hpp"
+#include "nn/graph_builder.hpp"
 #include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "layer_test_util.hpp"
@@ -102,28 +103,6 @@ std::vector<Case> cases() {
   cs.push_back({"gelu", [] { return std::make_unique<GELU>("gelu"); }, {4, 20}, -4.f, 4.f});
   cs.push_back({"dropout", [] { return std::make_unique<Dropout>("drop", 0.3f); }, {4, 25}});
   cs.push_back({"flatten", [] { return std::make_unique<Flatten>("flat"); }, {2, 3, 2, 2}});
-  cs.push_back({"residual",
-                [] {
-                  std::vector<std::unique_ptr<Layer>> body, shortcut;
-                  body.push_back(std::make_unique<Conv2D>(
-                      "conv1", Conv2D::Options{2, 3, 3, 2, 1, false, Activation::none}));
-                  body.push_back(std::make_unique<BatchNorm2D>("bn1", 3));
-                  body.push_back(std::make_unique<GELU>("act"));
-                  shortcut.push_back(std::make_unique<Conv2D>(
-                      "down", Conv2D::Options{2, 3, 1, 2, 0, false, Activation::none}));
-                  return std::make_unique<Residual>("block", std::move(body), std::move(shortcut));
-                },
-                {3, 2, 5, 5}});
-  cs.push_back({"residual_identity",
-                [] {
-                  std::vector<std::unique_ptr<Layer>> body;
-                  body.push_back(std::make_unique<Conv2D>(
-                      "conv1", Conv2D::Options{2, 2, 3, 1, 1, true, Activation::none}));
-                  body.push_back(std::make_unique<GELU>("act"));
-                  return std::make_unique<Residual>("block", std::move(body),
-                                                    std::vector<std::unique_ptr<Layer>>{});
-                },
-                {2, 2, 4, 4}});
   return cs;
 }
 
@@ -300,7 +279,7 @@ TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
     layers.push_back(std::move(c));
     if (!fused) layers.push_back(std::make_unique<ReLU>("relu"));
     layers.push_back(std::move(pool));
-    auto m = std::make_unique<Model>(ModelSpec{}, std::move(layers), DType::f32);
+    auto m = std::make_unique<Model>(std::move(layers), DType::f32);
     m->layers()[0]->set_needs_input_grad(true);
     m->init_parameters(4, *be);
     return m;
@@ -359,12 +338,7 @@ TEST(DropoutMask, RateDeterminismAndStreams) {
 
 TEST(LayerPrecision, OverrideKeepsALayerInFp32) {
   auto be = kernels::make_cpu_backend(1);
-  ModelSpec spec;
-  spec.name = "cnn";
-  spec.input = {1, 12, 12};
-  spec.classes = 10;
-  spec.layer_precision = "conv2=fp32";
-  auto model = build_model(spec, DType::bf16);
+  auto model = build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv2=fp32");
   model->init_parameters(1, *be);
   Context ctx{*be, DType::bf16, true, 5};
   auto xv = uniform_floats(2 * 144, -1.f, 1.f, 3);
@@ -381,38 +355,21 @@ TEST(LayerPrecision, OverrideKeepsALayerInFp32) {
   std::vector<float> dl(20, 0.01f);
   model->backward(ctx, Tensor(dl.data(), {2, 10}, DType::f32));  // runs through the casts
   EXPECT_TRUE(test::throws_kind(
-      [&] {
-        spec.layer_precision = "conv9=fp32";
-        build_model(spec, DType::bf16);
-      },
+      [&] { build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv9=fp32"); },
       ErrorKind::input));
   EXPECT_TRUE(test::throws_kind(
-      [&] {
-        spec.layer_precision = "conv1=fp8";
-        build_model(spec, DType::bf16);
-      },
+      [&] { build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv1=fp8"); },
       ErrorKind::input));
 }
 
 TEST(Models, CnnAndResnetShapesAndNames) {
   auto be = kernels::make_cpu_backend(1);
-  ModelSpec cnn;
-  cnn.name = "cnn";
-  cnn.input = {1, 28, 28};
-  cnn.classes = 10;
-  auto m = build_model(cnn, DType::f32);
+  auto m = build_model("cnn", {1, 28, 28}, 10, {}, DType::f32);
   EXPECT_EQ(m->num_params(), 32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 1280 + 10);
   EXPECT_EQ(m->params()[0].name, "conv1.weight");
   EXPECT_EQ(m->params()[0].shape, (Shape{32, 1, 3, 3}));
-  EXPECT_EQ(ModelSpec::from_json(cnn.to_json()).to_json(), cnn.to_json());
 
-  ModelSpec rn;
-  rn.name = "resnet";
-  rn.input = {3, 32, 32};
-  rn.classes = 10;
-  rn.depth = 2;
-  rn.width = 8;
-  auto r = build_model(rn, DType::f32);
+  auto r = build_model("resnet", {3, 32, 32}, 10, {{"depth", "2"}, {"width", "8"}}, DType::f32);
   r->init_parameters(1, *be);
   // 6 depth + 2 = 14 weighted layers; BatchNorm running averages as buffers.
   int convs = 0, bns = 0;
@@ -431,12 +388,12 @@ TEST(Models, CnnAndResnetShapesAndNames) {
   Context ctx{*be, DType::f32, true, 0};
   const Tensor& logits = r->forward(ctx, Tensor(xv.data(), {2, 3, 32, 32}, DType::f32));
   EXPECT_EQ(logits.shape, (Shape{2, 10}));
-  EXPECT_EQ(ModelSpec::from_json(rn.to_json()).to_json(), rn.to_json());
   // Bad options are input errors, not crashes.
-  rn.depth = 0;
-  EXPECT_TRUE(test::throws_kind([&] { build_model(rn, DType::f32); }, ErrorKind::input));
-  cnn.input = {784};
-  EXPECT_TRUE(test::throws_kind([&] { build_model(cnn, DType::f32); }, ErrorKind::input));
+  EXPECT_TRUE(test::throws_kind(
+      [&] { build_model("resnet", {3, 32, 32}, 10, {{"depth", "0"}}, DType::f32); },
+      ErrorKind::input));
+  EXPECT_TRUE(test::throws_kind([&] { build_model("cnn", {784}, 10, {}, DType::f32); },
+                                ErrorKind::input));
 }
 
 }  // namespace

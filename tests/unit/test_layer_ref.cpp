@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "layer_test_util.hpp"
+#include "nn/graph_builder.hpp"
 
 namespace ringtrain {
 namespace {
@@ -154,12 +155,7 @@ TEST_F(TorchRef, BatchNormTrainAndEval) {
 
 // The whole CNN (dropout off) against PyTorch: logits, loss and every parameter gradient.
 TEST_F(TorchRef, CnnModel) {
-  ModelSpec spec;
-  spec.name = "cnn";
-  spec.input = {1, 28, 28};
-  spec.classes = 10;
-  spec.dropout = 0;
-  auto model = build_model(spec, DType::f32);
+  auto model = build_model("cnn", {1, 28, 28}, 10, {{"dropout", "0"}}, DType::f32);
   load_params(*model, "cnn/params");
   model->refresh_working_copy(*backend);
   Shape xs;

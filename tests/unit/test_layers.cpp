@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/layers.hpp"
+#include "nn/graph_builder.hpp"
 #include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "test_util.hpp"
@@ -189,11 +190,7 @@ INSTANTIATE_TEST_SUITE_P(GradScale, XentGrad, ::testing::Values(1.f, 8.f, 1024.f
 // difference meaningless, so those indices are skipped (few: eps is small).
 TEST_F(LayerGrad, MlpModelBackward) {
   constexpr int64_t n = 4, in = 6, classes = 3;
-  ModelSpec spec;
-  spec.input = {in};
-  spec.hidden = {5, 4};
-  spec.classes = classes;
-  auto model = build_model(spec, DType::f32);
+  auto model = build_model("mlp", {in}, classes, {{"hidden", "5,4"}}, DType::f32);
   model->init_parameters(7, *backend);
   ASSERT_EQ(model->num_params(), 6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
   auto xv = uniform_floats(size_t(n * in), -2.f, 2.f, 41);
