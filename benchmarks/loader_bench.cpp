@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "nn/graph_builder.hpp"
-#include "nn/optimizer.hpp"
 #include "io/hdf5.hpp"
 #include "io/loader.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/optimizer.hpp"
 
 namespace {
 

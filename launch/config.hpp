@@ -14,8 +14,8 @@ namespace ringtrain::launch {
 
 struct TrainConfig {
   std::string data, val_data;
-  int prefetch = 2;    // batches the loader thread reads ahead (0: read in the step)
-  bool cache = false;  // keep the samples read in memory
+  int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
+  bool cache = false;         // keep the samples read in memory
   std::string model = "mlp";  // a built-in name or a model file
   // Overrides of the model file's vars, in order: (var, value, the option that gave it),
   // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.
@@ -77,7 +77,7 @@ struct ModelShowConfig {
   std::string model;  // a built-in name or a model file
   std::vector<TrainConfig::VarOverride> model_vars;
   std::vector<std::string> plugins;
-  std::string input;  // C,H,W or D: overrides the file's input_shape
+  std::string input;    // C,H,W or D: overrides the file's input_shape
   int64_t classes = 0;  // 0: the file's, else 10
 };
 

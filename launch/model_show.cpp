@@ -63,7 +63,7 @@ void show(const ModelShowConfig& c, const std::string& precision) {
   const int64_t classes = c.classes ? c.classes : f.classes() ? f.classes() : 10;
   f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
   const ModelPlan plan = plan_model(f);
-  const auto layers = build_layers(plan);
+  const auto nodes = make_graph_nodes(f, plan);  // also checks init and share
   std::printf("model '%s' (%s): input %s, %lld classes\n", f.name().c_str(), f.origin().c_str(),
               shape_str(plan.input).c_str(), static_cast<long long>(plan.classes));
   std::printf("%-28s %-16s %-16s %12s %14s  %-5s %s\n", "node", "op", "output", "params",
@@ -75,22 +75,24 @@ void show(const ModelShowConfig& c, const std::string& precision) {
     int64_t params = 0;
     std::set<std::string> shared;
     for (const auto& s : n.def->share()) shared.insert(s.param());
-    for (const auto& ps : layers[i]->param_specs())
+    for (const auto& ps : nodes[i].layer->param_specs())
       if (!shared.count(ps.name)) params += shape_numel(ps.shape);
     total_params += params;
     total_flops += n.flops;
     std::string ins;
     for (int in : n.inputs)
-      ins += (ins.empty() ? "" : ", ") + (in < 0 ? std::string("input") : plan.nodes[size_t(in)].name);
+      ins +=
+          (ins.empty() ? "" : ", ") + (in < 0 ? std::string("input") : plan.nodes[size_t(in)].name);
     const std::string dtype = n.dtype ? dtype_name(*n.dtype) : precision;
     std::printf("%-28s %-16s %-16s %12lld %14s  %-5s %s%s\n", n.name.c_str(), n.op.c_str(),
                 shape_str(n.out).c_str(), static_cast<long long>(params), human(n.flops).c_str(),
                 dtype.c_str(), ins.c_str(), shared.empty() ? "" : " (shares parameters)");
   }
-  std::printf("total: %zu nodes, %lld parameters (%s fp32 masters), %s FLOPs/sample forward "
-              "(about 3x that per trained sample)\n",
-              plan.nodes.size(), static_cast<long long>(total_params),
-              (human(double(total_params) * 4) + "B").c_str(), human(total_flops).c_str());
+  std::printf(
+      "total: %zu nodes, %lld parameters (%s fp32 masters), %s FLOPs/sample forward "
+      "(about 3x that per trained sample)\n",
+      plan.nodes.size(), static_cast<long long>(total_params),
+      (human(double(total_params) * 4) + "B").c_str(), human(total_flops).c_str());
 }
 
 }  // namespace
@@ -139,17 +141,20 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
         std::cout << "usage: ringtrain model show FILE|NAME [--input C,H,W] [options]\n" << desc;
       return;
     }
-    RT_REQUIRE(!c.model.empty(), "ringtrain model show: give a model file or a built-in name "
-                                 "(mlp, cnn, resnet)");
+    RT_REQUIRE(!c.model.empty(),
+               "ringtrain model show: give a model file or a built-in name "
+               "(mlp, cnn, resnet)");
     RT_REQUIRE(precision == "fp32" || precision == "fp16" || precision == "bf16", "--precision '",
                precision, "' is not known; expected fp32, fp16 or bf16");
     for (const char* name : {"hidden", "dropout", "depth", "width", "activation"})
-      if (vm.count(name)) c.model_vars.push_back({name, vm[name].as<std::string>(), cat("--", name)});
+      if (vm.count(name))
+        c.model_vars.push_back({name, vm[name].as<std::string>(), cat("--", name)});
     if (vm.count("set"))
       for (const auto& item : vm["set"].as<std::vector<std::string>>()) {
         const size_t eq = item.find('=');
         RT_REQUIRE(eq != std::string::npos && eq > 0, "--set '", item, "' is not VAR=VALUE");
-        c.model_vars.push_back({item.substr(0, eq), item.substr(eq + 1), "--set " + item.substr(0, eq)});
+        c.model_vars.push_back(
+            {item.substr(0, eq), item.substr(eq + 1), "--set " + item.substr(0, eq)});
       }
     if (comm.rank() == 0) show(c, precision);
   });

@@ -35,7 +35,6 @@ ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::strin
 
 // Input error unless the checkpoint's model builds the same network as this run's,
 // naming the first node that differs and what to do.
-void require_same_model(const ModelFile& run, const ModelFile& checkpoint,
-                        const std::string& path);
+void require_same_model(const ModelFile& run, const ModelFile& checkpoint, const std::string& path);
 
 }  // namespace ringtrain::launch

@@ -221,8 +221,6 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
                "RINGTRAIN_TEST_STALL='", t, "' is not RANK:STEP:SECONDS");
     c.test_stall_step = step;
   }
-  RT_REQUIRE(c.model == "mlp" || c.model == "cnn" || c.model == "resnet", "--model '", c.model,
-             "' is not known; expected mlp, cnn or resnet");
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");

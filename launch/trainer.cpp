@@ -421,8 +421,8 @@ int Trainer::run() {
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
           model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
-          " nodes, ", model_->num_params(), " parameters; ",
-          loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
+          " nodes, ", model_->num_params(), " parameters; ", loader_->steps_per_epoch(),
+          " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);
   last_save_time_ = Clock::now();

@@ -9,10 +9,6 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
-#include "nn/loss_scaler.hpp"
-#include "nn/model.hpp"
-#include "nn/model_file.hpp"
-#include "nn/optimizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
@@ -22,6 +18,10 @@
 #include "launch/numerics.hpp"
 #include "launch/tensorboard.hpp"
 #include "launch/timeline.hpp"
+#include "nn/loss_scaler.hpp"
+#include "nn/model.hpp"
+#include "nn/model_file.hpp"
+#include "nn/optimizer.hpp"
 
 namespace ringtrain::launch {
 

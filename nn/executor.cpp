@@ -52,8 +52,7 @@ void Model::backward(Context& ctx, const Tensor& dlogits,
         continue;
       }
       // Another reader: the sum, in the dtype of the node that produced the output.
-      Tensor& sum =
-          grad_sums_[src].ensure(grads_[src].shape, layers_[src]->compute_dtype(ctx));
+      Tensor& sum = grad_sums_[src].ensure(grads_[src].shape, layers_[src]->compute_dtype(ctx));
       ctx.backend.add(grads_[src], dxs_[j], sum);
       grads_[src] = sum;
     }

@@ -54,7 +54,8 @@ class Parser {
     const size_t n = std::char_traits<char>::length(op);
     if (t_.compare(at_, n, op) != 0) return false;
     // "<" must not take the first half of "<=", nor "=" of "==", nor "!" of "!=".
-    if (n == 1 && at_ + 1 < t_.size() && t_[at_ + 1] == '=' && std::string("<>!=").find(op[0]) != std::string::npos)
+    if (n == 1 && at_ + 1 < t_.size() && t_[at_ + 1] == '=' &&
+        std::string("<>!=").find(op[0]) != std::string::npos)
       return false;
     at_ += n;
     return true;
@@ -107,8 +108,12 @@ class Parser {
         return ExprValue::of(int64_t((a.str() == b.str()) == (o == "==")));
       }
       const double x = num(a, op), y = num(b, op);
-      const bool r = o == "==" ? x == y : o == "!=" ? x != y : o == "<=" ? x <= y
-                   : o == ">=" ? x >= y : o == "<" ? x < y : x > y;
+      const bool r = o == "=="   ? x == y
+                     : o == "!=" ? x != y
+                     : o == "<=" ? x <= y
+                     : o == ">=" ? x >= y
+                     : o == "<"  ? x < y
+                                 : x > y;
       return ExprValue::of(int64_t(r));
     }
     return a;
@@ -119,37 +124,54 @@ class Parser {
     if (a.kind == ExprValue::Kind::integer && b.kind == ExprValue::Kind::integer) {
       if ((op == '/' || op == '%') && b.i == 0) p.fail("division by zero");
       switch (op) {
-        case '+': return ExprValue::of(a.i + b.i);
-        case '-': return ExprValue::of(a.i - b.i);
-        case '*': return ExprValue::of(a.i * b.i);
-        case '/': return ExprValue::of(a.i / b.i);
-        default: return ExprValue::of(a.i % b.i);
+        case '+':
+          return ExprValue::of(a.i + b.i);
+        case '-':
+          return ExprValue::of(a.i - b.i);
+        case '*':
+          return ExprValue::of(a.i * b.i);
+        case '/':
+          return ExprValue::of(a.i / b.i);
+        default:
+          return ExprValue::of(a.i % b.i);
       }
     }
     const double x = a.number(), y = b.number();
     switch (op) {
-      case '+': return ExprValue::of_real(x + y);
-      case '-': return ExprValue::of_real(x - y);
-      case '*': return ExprValue::of_real(x * y);
-      case '/': return ExprValue::of_real(x / y);
-      default: return ExprValue::of_real(std::fmod(x, y));
+      case '+':
+        return ExprValue::of_real(x + y);
+      case '-':
+        return ExprValue::of_real(x - y);
+      case '*':
+        return ExprValue::of_real(x * y);
+      case '/':
+        return ExprValue::of_real(x / y);
+      default:
+        return ExprValue::of_real(std::fmod(x, y));
     }
   }
   ExprValue sum() {
     ExprValue v = product();
     while (true) {
-      if (eat("+")) v = arith(v, product(), '+', *this);
-      else if (eat("-")) v = arith(v, product(), '-', *this);
-      else return v;
+      if (eat("+"))
+        v = arith(v, product(), '+', *this);
+      else if (eat("-"))
+        v = arith(v, product(), '-', *this);
+      else
+        return v;
     }
   }
   ExprValue product() {
     ExprValue v = unary();
     while (true) {
-      if (eat("*")) v = arith(v, unary(), '*', *this);
-      else if (eat("/")) v = arith(v, unary(), '/', *this);
-      else if (eat("%")) v = arith(v, unary(), '%', *this);
-      else return v;
+      if (eat("*"))
+        v = arith(v, unary(), '*', *this);
+      else if (eat("/"))
+        v = arith(v, unary(), '/', *this);
+      else if (eat("%"))
+        v = arith(v, unary(), '%', *this);
+      else
+        return v;
     }
   }
   ExprValue unary() {

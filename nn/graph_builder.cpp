@@ -61,9 +61,15 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
       a->set_name(set.field());
     }
     switch (v.kind) {
-      case ExprValue::Kind::integer: a->set_int_value(v.i); break;
-      case ExprValue::Kind::real: a->set_float_value(v.d); break;
-      case ExprValue::Kind::string: a->set_string_value(v.s); break;
+      case ExprValue::Kind::integer:
+        a->set_int_value(v.i);
+        break;
+      case ExprValue::Kind::real:
+        a->set_float_value(v.d);
+        break;
+      case ExprValue::Kind::string:
+        a->set_string_value(v.s);
+        break;
       case ExprValue::Kind::list:
         a->mutable_int_list()->mutable_value()->Assign(v.list.begin(), v.list.end());
         break;
@@ -76,8 +82,8 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
     std::string fields;
     for (int i = 0; i < op->GetDescriptor()->field_count(); ++i)
       fields += (i ? ", " : "") + op->GetDescriptor()->field(i)->name();
-    throw_input(cat("set: op '", opf->name(), "' has no field '", set.field(), "' (its fields: ",
-                    fields.empty() ? "none" : fields, ")"));
+    throw_input(cat("set: op '", opf->name(), "' has no field '", set.field(),
+                    "' (its fields: ", fields.empty() ? "none" : fields, ")"));
   }
   const gp::Reflection* r = op->GetReflection();
   auto integer = [&]() -> int64_t {
@@ -90,20 +96,32 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
     return v.number();
   };
   if (fd->is_repeated()) {
-    RT_REQUIRE(fd->cpp_type() == gp::FieldDescriptor::CPPTYPE_INT64 &&
-                   v.kind == ExprValue::Kind::list,
-               "set: field '", set.field(), "' needs a list of integers, got '", v.str(), "'");
+    RT_REQUIRE(
+        fd->cpp_type() == gp::FieldDescriptor::CPPTYPE_INT64 && v.kind == ExprValue::Kind::list,
+        "set: field '", set.field(), "' needs a list of integers, got '", v.str(), "'");
     r->ClearField(op, fd);
     for (int64_t x : v.list) r->AddInt64(op, fd, x);
     return;
   }
   switch (fd->cpp_type()) {
-    case gp::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(op, fd, integer()); break;
-    case gp::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(op, fd, int32_t(integer())); break;
-    case gp::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(op, fd, number()); break;
-    case gp::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(op, fd, float(number())); break;
-    case gp::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(op, fd, number() != 0); break;
-    case gp::FieldDescriptor::CPPTYPE_STRING: r->SetString(op, fd, v.str()); break;
+    case gp::FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(op, fd, integer());
+      break;
+    case gp::FieldDescriptor::CPPTYPE_INT32:
+      r->SetInt32(op, fd, int32_t(integer()));
+      break;
+    case gp::FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(op, fd, number());
+      break;
+    case gp::FieldDescriptor::CPPTYPE_FLOAT:
+      r->SetFloat(op, fd, float(number()));
+      break;
+    case gp::FieldDescriptor::CPPTYPE_BOOL:
+      r->SetBool(op, fd, number() != 0);
+      break;
+    case gp::FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(op, fd, v.str());
+      break;
     case gp::FieldDescriptor::CPPTYPE_ENUM: {
       const gp::EnumValueDescriptor* e = v.kind == ExprValue::Kind::string
                                              ? fd->enum_type()->FindValueByName(upper(v.s))
@@ -152,11 +170,14 @@ class Expander {
         continue;
       }
       if (node.name().empty()) fail(loc, "", "a node needs a name");
-      if (shown == "input") fail(f_.where(node, "name"), shown, "'input' names the model input; choose another name");
-      if (!names_.insert(shown).second) fail(f_.where(node, "name"), shown, "a node of this name exists already");
+      if (shown == "input")
+        fail(f_.where(node, "name"), shown, "'input' names the model input; choose another name");
+      if (!names_.insert(shown).second)
+        fail(f_.where(node, "name"), shown, "a node of this name exists already");
       if (op_name(*def).empty())
-        fail(loc, shown, "the node has no op (linear, conv, batch_norm, activation, max_pool, "
-                         "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
+        fail(loc, shown,
+             "the node has no op (linear, conv, batch_norm, activation, max_pool, "
+             "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
       Raw raw{shown, def, &node, {}};
       if (node.input_size() == 0) raw.refs.push_back(prev);
       for (int k = 0; k < node.input_size(); ++k) {
@@ -204,7 +225,8 @@ class Expander {
       count = int64_t(items.size());
     }
     if (count < 0 || count > 100000)
-      fail(f_.where(node), shown, cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
+      fail(f_.where(node), shown,
+           cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
     if (node.input_size() > 1) fail(f_.where(node, "input", 1), shown, "a repeat takes one input");
     Ref in = prev;
     if (node.input_size() == 1) {
@@ -291,9 +313,11 @@ ModelPlan plan_model(const ModelFile& file) {
       const int in = resolve(raws[i].refs[k], 0);
       const bool implicit = raws[i].source->input_size() == 0;
       if (in == -2)
-        Expander::fail(file.where(*raws[i].source, "input", int(k)), raws[i].name,
-                       cat("input '", raws[i].refs[k].text.empty() ? raws[i].refs[k].exact : raws[i].refs[k].text,
-                           "' is not a node of this model"));
+        Expander::fail(
+            file.where(*raws[i].source, "input", int(k)), raws[i].name,
+            cat("input '",
+                raws[i].refs[k].text.empty() ? raws[i].refs[k].exact : raws[i].refs[k].text,
+                "' is not a node of this model"));
       if (in == int(i))
         Expander::fail(file.where(*raws[i].source, implicit ? "" : "input", int(k)), raws[i].name,
                        "a node cannot read its own output");
@@ -374,15 +398,17 @@ ModelPlan plan_model(const ModelFile& file) {
       const auto known = registered_ops();
       std::string names;
       for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
-      Expander::fail(loc, pn.name,
-                     cat("unknown op '", pn.op, "' (ops: ", names,
-                         "; a plugin's op needs --plugin LIB.so)"));
+      Expander::fail(
+          loc, pn.name,
+          cat("unknown op '", pn.op, "' (ops: ", names, "; a plugin's op needs --plugin LIB.so)"));
     }
     const int n_in = int(pn.inputs.size());
     if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs))
       Expander::fail(loc, pn.name,
                      cat(pn.op, " takes ", op->min_inputs,
-                         op->max_inputs < 0 ? " or more" : op->max_inputs == op->min_inputs ? "" : cat(" to ", op->max_inputs),
+                         op->max_inputs < 0                 ? " or more"
+                         : op->max_inputs == op->min_inputs ? ""
+                                                            : cat(" to ", op->max_inputs),
                          " input(s), got ", n_in));
     const OpNode on{*pn.def, pn.name, pn.input_shapes};
     try {
@@ -405,8 +431,8 @@ ModelPlan plan_model(const ModelFile& file) {
   if (last.out != Shape{plan.classes})
     Expander::fail(file.where(*last.source), last.name,
                    cat("the model's output has shape ", shape_str(last.out),
-                       " per sample, but the data has ", plan.classes,
-                       " classes (expected [", plan.classes, "]; `set { field: \"out_features\" expr: \"classes\" }`)"));
+                       " per sample, but the data has ", plan.classes, " classes (expected [",
+                       plan.classes, "]; `set { field: \"out_features\" expr: \"classes\" }`)"));
 
   // 5. --layer-precision: exact node names or prefixes at a dot ("stage2" for "stage2.*").
   for (const std::string& item : m.layer_precision()) {
@@ -444,24 +470,31 @@ namespace {
 
 Init init_kind(pb::InitKind k) {
   switch (k) {
-    case pb::KAIMING_UNIFORM: return Init::kaiming_uniform;
-    case pb::KAIMING_NORMAL: return Init::kaiming_normal;
-    case pb::XAVIER_UNIFORM: return Init::xavier_uniform;
-    case pb::XAVIER_NORMAL: return Init::xavier_normal;
-    case pb::NORMAL: return Init::normal;
-    case pb::ZEROS: return Init::zeros;
-    case pb::ONES: return Init::ones;
-    default: return Init::fan_in_uniform;
+    case pb::KAIMING_UNIFORM:
+      return Init::kaiming_uniform;
+    case pb::KAIMING_NORMAL:
+      return Init::kaiming_normal;
+    case pb::XAVIER_UNIFORM:
+      return Init::xavier_uniform;
+    case pb::XAVIER_NORMAL:
+      return Init::xavier_normal;
+    case pb::NORMAL:
+      return Init::normal;
+    case pb::ZEROS:
+      return Init::zeros;
+    case pb::ONES:
+      return Init::ones;
+    default:
+      return Init::fan_in_uniform;
   }
 }
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
-  const ModelPlan plan = plan_model(file);
+std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& plan) {
   auto layers = build_layers(plan);
   std::vector<GraphNode> nodes;
-  std::set<std::string> earlier;  // parameters of earlier nodes, for `share`
+  std::map<std::string, Shape> earlier;  // parameters of earlier nodes, for `share`
   for (size_t i = 0; i < plan.nodes.size(); ++i) {
     const PlannedNode& pn = plan.nodes[i];
     const pb::Node& src = *pn.source;
@@ -470,7 +503,11 @@ std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
     g.inputs = pn.inputs;
     if (pn.dtype) g.layer->set_dtype(*pn.dtype);
     std::set<std::string> own;
-    for (const auto& ps : g.layer->param_specs()) own.insert(ps.name);
+    std::map<std::string, Shape> own_shape;
+    for (const auto& ps : g.layer->param_specs()) {
+      own.insert(ps.name);
+      own_shape[ps.name] = ps.shape;
+    }
     auto param_names = [&] {
       std::string s;
       for (const auto& n : own) s += (s.empty() ? "" : ", ") + n;
@@ -480,8 +517,8 @@ std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
       const pb::Init& in = src.init(k);
       if (!in.param().empty() && !own.count(in.param()))
         Expander::fail(file.where(in, "param"), pn.name,
-                       cat("init: the node has no parameter '", in.param(), "' (its parameters: ",
-                           param_names(), ")"));
+                       cat("init: the node has no parameter '", in.param(),
+                           "' (its parameters: ", param_names(), ")"));
       if (in.kind() == pb::NORMAL && !(in.std() > 0))
         Expander::fail(file.where(in, "std"), pn.name,
                        cat("init: NORMAL needs a positive std, got ", in.std()));
@@ -494,16 +531,27 @@ std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
         Expander::fail(file.where(sh, "param"), pn.name,
                        cat("share: the node has no parameter '", sh.param(),
                            "' (its parameters: ", param_names(), ")"));
-      if (!earlier.count(sh.from()))
-        Expander::fail(file.where(sh, "from"), pn.name,
-                       cat("share: '", sh.from(),
-                           "' is not a parameter of an earlier node (NODE.PARAM)"));
+      auto from = earlier.find(sh.from());
+      if (from == earlier.end())
+        Expander::fail(
+            file.where(sh, "from"), pn.name,
+            cat("share: '", sh.from(), "' is not a parameter of an earlier node (NODE.PARAM)"));
+      if (from->second != own_shape[sh.param()])
+        Expander::fail(
+            file.where(sh), pn.name,
+            cat("share: parameter '", sh.param(), "' has shape ", shape_str(own_shape[sh.param()]),
+                " but '", sh.from(), "' has ", shape_str(from->second)));
       g.shared[sh.param()] = sh.from();
     }
     for (const auto& n : own)
-      if (!g.shared.count(n)) earlier.insert(pn.name + "." + n);
+      if (!g.shared.count(n)) earlier[pn.name + "." + n] = own_shape[n];
     nodes.push_back(std::move(g));
   }
+  return nodes;
+}
+
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
+  std::vector<GraphNode> nodes = make_graph_nodes(file, plan_model(file));
   try {
     return std::make_unique<Model>(std::move(nodes), compute, file.normalised());
   } catch (const Error& e) {
@@ -548,16 +596,14 @@ std::string first_difference(const ModelPlan& here, const ModelPlan& there) {
   for (size_t i = 0; i < n; ++i) {
     const auto& a = here.nodes[i];
     const auto& b = there.nodes[i];
-    if (a.name != b.name)
-      return cat("node ", i + 1, ": '", a.name, "' here, '", b.name, "' there");
+    if (a.name != b.name) return cat("node ", i + 1, ": '", a.name, "' here, '", b.name, "' there");
     const std::string da = describe(a), db = describe(b);
     if (da != db) return cat("node '", a.name, "': ", da, " here; ", db, " there");
   }
   if (here.nodes.size() != there.nodes.size()) {
     const auto& longer = here.nodes.size() > n ? here.nodes : there.nodes;
-    return cat("node '", longer[n].name, "' exists only ",
-               here.nodes.size() > n ? "here" : "there", " (", here.nodes.size(), " nodes here, ",
-               there.nodes.size(), " there)");
+    return cat("node '", longer[n].name, "' exists only ", here.nodes.size() > n ? "here" : "there",
+               " (", here.nodes.size(), " nodes here, ", there.nodes.size(), " there)");
   }
   return "";
 }

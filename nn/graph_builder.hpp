@@ -16,14 +16,14 @@ namespace ringtrain {
 
 struct PlannedNode {
   std::string name;
-  std::string op;                 // the registry's name ("conv", or a plugin op's type)
-  std::shared_ptr<pb::Node> def;  // as expanded: every `set` applied
+  std::string op;                    // the registry's name ("conv", or a plugin op's type)
+  std::shared_ptr<pb::Node> def;     // as expanded: every `set` applied
   const pb::Node* source = nullptr;  // in the ModelFile, for locations
-  std::vector<int> inputs;        // indices of earlier nodes; -1: the model input
+  std::vector<int> inputs;           // indices of earlier nodes; -1: the model input
   std::vector<Shape> input_shapes;
-  Shape out;                      // one sample
-  double flops = 0;               // forward, one sample
-  std::optional<DType> dtype;     // `precision` or --layer-precision
+  Shape out;                   // one sample
+  double flops = 0;            // forward, one sample
+  std::optional<DType> dtype;  // `precision` or --layer-precision
 };
 
 struct ModelPlan {
@@ -42,6 +42,9 @@ std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape&
                                    int64_t classes,
                                    const std::vector<std::pair<std::string, std::string>>& vars,
                                    DType compute, const std::string& layer_precision = {});
+// The plan's nodes with their layers and per-node options (init, weight decay, sharing),
+// checked against the layers' parameters: what a Model is made of, before its buffers.
+std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& plan);
 // Layers of a plan without a Model (no flat buffers): for `model show` and checks.
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan);
 // "" when the two plans build the same network; else the first node that differs and how

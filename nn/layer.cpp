@@ -36,7 +36,6 @@ void Layer::commit_grad(Context& ctx, const Param& p, const Tensor& target) cons
   if (target.data != p.grad.data) ctx.backend.cast(target, p.grad);
 }
 
-
 Tensor relu_masked(Context& ctx, Activation act, const Tensor& y, const Tensor& dy,
                    OwnedTensor& scratch) {
   if (act != Activation::relu) return dy;

@@ -49,7 +49,7 @@ struct ParamSpec {
 struct Param {
   std::string name;  // "<layer>.<param>", the checkpoint name
   Shape shape;
-  int64_t offset = 0;  // in elements, into the flat buffers
+  int64_t offset = 0;               // in elements, into the flat buffers
   int64_t fan_in = 1, fan_out = 1;  // for the initialisation
   Init init = Init::fan_in_uniform;
   double std = 0;
@@ -331,6 +331,5 @@ class Reshape final : public Layer {
   Shape shape_, x_shape_;
   Tensor y_, dx_;
 };
-
 
 }  // namespace ringtrain

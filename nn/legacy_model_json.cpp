@@ -129,7 +129,6 @@ class SpecReader {
   size_t i_ = 0;
 };
 
-
 std::string list_str(const std::vector<int64_t>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.hpp"
 #include <google/protobuf/io/tokenizer.h>
+#include "core/error.hpp"
 
 #include "ringtrain/model.pb.h"
 
@@ -39,13 +39,14 @@ class FirstError : public gp::io::ErrorCollector {
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  RT_REQUIRE(in, "--model '", path, "' is neither a built-in model (",
-             [] {
-               std::string s;
-               for (const auto& n : ModelFile::builtin_models()) s += (s.empty() ? "" : ", ") + n;
-               return s;
-             }(),
-             ") nor a readable model file");
+  RT_REQUIRE(
+      in, "--model '", path, "' is neither a built-in model (",
+      [] {
+        std::string s;
+        for (const auto& n : ModelFile::builtin_models()) s += (s.empty() ? "" : ", ") + n;
+        return s;
+      }(),
+      ") nor a readable model file");
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -122,8 +123,8 @@ ModelFile ModelFile::parse(const std::string& text, const std::string& origin) {
       if (v.has_int_list())
         for (auto x : v.int_list().value()) check(double(x));
       if (v.has_string_value() && v.choices_size())
-        RT_REQUIRE(std::count(v.choices().begin(), v.choices().end(), v.string_value()),
-                   "value '", v.string_value(), "' is not one of its choices");
+        RT_REQUIRE(std::count(v.choices().begin(), v.choices().end(), v.string_value()), "value '",
+                   v.string_value(), "' is not one of its choices");
     } catch (const Error& e) {
       throw_input(cat(loc, ": var '", v.name(), "': ", e.what()));
     }
@@ -131,8 +132,7 @@ ModelFile ModelFile::parse(const std::string& text, const std::string& origin) {
   return f;
 }
 
-void ModelFile::index_locations(const gp::Message& msg,
-                                const gp::TextFormat::ParseInfoTree* tree) {
+void ModelFile::index_locations(const gp::Message& msg, const gp::TextFormat::ParseInfoTree* tree) {
   const gp::Reflection* r = msg.GetReflection();
   std::vector<const gp::FieldDescriptor*> fields;
   r->ListFields(msg, &fields);
@@ -159,7 +159,8 @@ std::string ModelFile::where(const gp::Message& msg, const std::string& field, i
   if (!field.empty()) {
     const gp::FieldDescriptor* fd = msg.GetDescriptor()->FindFieldByName(field);
     if (fd) {
-      const auto loc = it->second.tree->GetLocation(fd, fd->is_repeated() ? std::max(index, 0) : -1);
+      const auto loc =
+          it->second.tree->GetLocation(fd, fd->is_repeated() ? std::max(index, 0) : -1);
       if (loc.line >= 0) {
         line = loc.line;
         column = loc.column;
@@ -239,8 +240,8 @@ void ModelFile::override_var(const std::string& var, const std::string& value,
       if (v->choices_size()) {
         std::string choices;
         for (const auto& c : v->choices()) choices += (choices.empty() ? "" : ", ") + c;
-        RT_REQUIRE(std::count(v->choices().begin(), v->choices().end(), value), option, " '",
-                   value, "' is not known; expected one of ", choices);
+        RT_REQUIRE(std::count(v->choices().begin(), v->choices().end(), value), option, " '", value,
+                   "' is not known; expected one of ", choices);
       }
       v->set_string_value(value);
       break;

@@ -19,7 +19,8 @@ std::map<std::string, OpDef>& table() {
 }  // namespace
 
 void register_op(OpDef def) {
-  RT_REQUIRE(!def.name.empty() && def.infer && def.build, "an op registers a name, infer and build");
+  RT_REQUIRE(!def.name.empty() && def.infer && def.build,
+             "an op registers a name, infer and build");
   RT_REQUIRE(!table().count(def.name), "op '", def.name,
              "' is registered twice (a plugin may not replace an op ringtrain has)");
   std::string name = def.name;

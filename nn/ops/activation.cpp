@@ -41,26 +41,24 @@ const Tensor& GELU::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-
 // ---- registration ----------------------------------------------------------------------
 
 namespace {
 
-RINGTRAIN_REGISTER_OP(
-    activation,
-    OpDef{.name = "activation",
-          .infer =
-              [](const OpNode& n) -> Shape {
-                const auto k = n.def.activation().kind();
-                RT_REQUIRE(k == pb::RELU || k == pb::GELU, "activation kind ",
-                           pb::Activation_Name(k), " is not valid; expected RELU or GELU");
-                return n.inputs[0];
-              },
-          .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-            if (n.def.activation().kind() == pb::GELU) return std::make_unique<GELU>(n.name);
-            return std::make_unique<ReLU>(n.name);
-          },
-                  .flops = nullptr});
+RINGTRAIN_REGISTER_OP(activation, OpDef{.name = "activation",
+                                        .infer = [](const OpNode& n) -> Shape {
+                                          const auto k = n.def.activation().kind();
+                                          RT_REQUIRE(k == pb::RELU || k == pb::GELU,
+                                                     "activation kind ", pb::Activation_Name(k),
+                                                     " is not valid; expected RELU or GELU");
+                                          return n.inputs[0];
+                                        },
+                                        .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                                          if (n.def.activation().kind() == pb::GELU)
+                                            return std::make_unique<GELU>(n.name);
+                                          return std::make_unique<ReLU>(n.name);
+                                        },
+                                        .flops = nullptr});
 
 }  // namespace
 

@@ -12,9 +12,11 @@ using kernels::Activation;
 
 std::vector<ParamSpec> Conv2D::param_specs() const {
   const int64_t fan_in = o_.in_channels * o_.kernel * o_.kernel;
-  std::vector<ParamSpec> specs{
-      {"weight", {o_.out_channels, o_.in_channels, o_.kernel, o_.kernel}, fan_in,
-       Init::fan_in_uniform, o_.out_channels * o_.kernel * o_.kernel}};
+  std::vector<ParamSpec> specs{{"weight",
+                                {o_.out_channels, o_.in_channels, o_.kernel, o_.kernel},
+                                fan_in,
+                                Init::fan_in_uniform,
+                                o_.out_channels * o_.kernel * o_.kernel}};
   if (o_.bias) specs.push_back({"bias", {o_.out_channels}, fan_in});
   return specs;
 }
@@ -52,7 +54,6 @@ const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
   return dx;
 }
 
-
 // ---- registration ----------------------------------------------------------------------
 
 Activation fused_activation(pb::Activation a);  // nn/ops/linear.cpp
@@ -61,41 +62,48 @@ namespace {
 
 Conv2D::Options conv_options(const OpNode& n) {
   const auto& o = n.def.conv();
-  return {n.inputs[0].at(0), o.out_channels(), o.kernel(), o.has_stride() ? o.stride() : 1,
-          o.padding(),       !o.has_bias() || o.bias(), fused_activation(o.activation())};
+  return {n.inputs[0].at(0),
+          o.out_channels(),
+          o.kernel(),
+          o.has_stride() ? o.stride() : 1,
+          o.padding(),
+          !o.has_bias() || o.bias(),
+          fused_activation(o.activation())};
 }
 
-RINGTRAIN_REGISTER_OP(
-    conv, OpDef{.name = "conv",
-                .infer =
-                    [](const OpNode& n) -> Shape {
-                      const Shape& x = n.inputs[0];
-                      RT_REQUIRE(x.size() == 3, "conv expects input [C, H, W], got ", shape_str(x));
-                      const auto& o = n.def.conv();
-                      RT_REQUIRE(o.out_channels() >= 1, "out_channels ", o.out_channels(),
-                                 " is not valid; expected a positive number");
-                      RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
-                                 " is not valid; expected a positive number");
-                      RT_REQUIRE(!o.has_stride() || o.stride() >= 1, "stride ", o.stride(),
-                                 " is not valid; expected a positive number");
-                      RT_REQUIRE(o.padding() >= 0, "padding ", o.padding(), " is negative");
-                      const Conv2D::Options c = conv_options(n);
-                      const kernels::ConvShape cs{1,         x[0],     x[1],     x[2],     c.out_channels,
-                                                  c.kernel,  c.kernel, c.stride, c.padding};
-                      RT_REQUIRE(cs.p() > 0 && cs.q() > 0, "input ", shape_str(x),
-                                 " is too small for a ", c.kernel, "x", c.kernel,
-                                 " kernel with padding ", c.padding);
-                      return {c.out_channels, cs.p(), cs.q()};
-                    },
-                .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                  return std::make_unique<Conv2D>(n.name, conv_options(n));
-                },
-                .flops = [](const OpNode& n, const Shape& out) {
-                  const auto& o = n.def.conv();
-                  return 2.0 * double(n.inputs[0][0] * o.kernel() * o.kernel()) *
-                             double(shape_numel(out)) +
-                         double(shape_numel(out));
-                }});
+RINGTRAIN_REGISTER_OP(conv,
+                      OpDef{.name = "conv",
+                            .infer = [](const OpNode& n) -> Shape {
+                              const Shape& x = n.inputs[0];
+                              RT_REQUIRE(x.size() == 3, "conv expects input [C, H, W], got ",
+                                         shape_str(x));
+                              const auto& o = n.def.conv();
+                              RT_REQUIRE(o.out_channels() >= 1, "out_channels ", o.out_channels(),
+                                         " is not valid; expected a positive number");
+                              RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
+                                         " is not valid; expected a positive number");
+                              RT_REQUIRE(!o.has_stride() || o.stride() >= 1, "stride ", o.stride(),
+                                         " is not valid; expected a positive number");
+                              RT_REQUIRE(o.padding() >= 0, "padding ", o.padding(), " is negative");
+                              const Conv2D::Options c = conv_options(n);
+                              const kernels::ConvShape cs{1,        x[0],           x[1],
+                                                          x[2],     c.out_channels, c.kernel,
+                                                          c.kernel, c.stride,       c.padding};
+                              RT_REQUIRE(cs.p() > 0 && cs.q() > 0, "input ", shape_str(x),
+                                         " is too small for a ", c.kernel, "x", c.kernel,
+                                         " kernel with padding ", c.padding);
+                              return {c.out_channels, cs.p(), cs.q()};
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              return std::make_unique<Conv2D>(n.name, conv_options(n));
+                            },
+                            .flops =
+                                [](const OpNode& n, const Shape& out) {
+                                  const auto& o = n.def.conv();
+                                  return 2.0 * double(n.inputs[0][0] * o.kernel() * o.kernel()) *
+                                             double(shape_numel(out)) +
+                                         double(shape_numel(out));
+                                }});
 
 }  // namespace
 

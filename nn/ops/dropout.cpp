@@ -33,24 +33,22 @@ const Tensor& Dropout::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-
 // ---- registration ----------------------------------------------------------------------
 
 namespace {
 
-RINGTRAIN_REGISTER_OP(dropout,
-                      OpDef{.name = "dropout",
-                            .infer =
-                                [](const OpNode& n) -> Shape {
-                                  const float p = n.def.dropout().p();
-                                  RT_REQUIRE(p >= 0 && p < 1, "p ", p,
-                                             " is not a probability in [0, 1)");
-                                  return n.inputs[0];
-                                },
-                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                              return std::make_unique<Dropout>(n.name, n.def.dropout().p());
-                            },
-                  .flops = nullptr});
+RINGTRAIN_REGISTER_OP(dropout, OpDef{.name = "dropout",
+                                     .infer = [](const OpNode& n) -> Shape {
+                                       const float p = n.def.dropout().p();
+                                       RT_REQUIRE(p >= 0 && p < 1, "p ", p,
+                                                  " is not a probability in [0, 1)");
+                                       return n.inputs[0];
+                                     },
+                                     .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                                       return std::make_unique<Dropout>(n.name,
+                                                                        n.def.dropout().p());
+                                     },
+                                     .flops = nullptr});
 
 }  // namespace
 

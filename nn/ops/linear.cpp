@@ -53,7 +53,6 @@ const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
   return dx;
 }
 
-
 // ---- registration ----------------------------------------------------------------------
 
 Activation fused_activation(pb::Activation a) {
@@ -64,27 +63,26 @@ Activation fused_activation(pb::Activation a) {
 
 namespace {
 
-RINGTRAIN_REGISTER_OP(
-    linear, OpDef{.name = "linear",
-                  .infer =
-                      [](const OpNode& n) -> Shape {
-                        const auto& o = n.def.linear();
-                        RT_REQUIRE(o.out_features() >= 1, "out_features ", o.out_features(),
-                                   " is not valid; expected a positive number");
-                        fused_activation(o.activation());
-                        return {o.out_features()};
-                      },
-                  .build =
-                      [](const OpNode& n) -> std::unique_ptr<Layer> {
-                        const auto& o = n.def.linear();
-                        return std::make_unique<Linear>(
-                            n.name, shape_numel(n.inputs[0]), o.out_features(),
-                            fused_activation(o.activation()), !o.has_bias() || o.bias());
-                      },
-                  .flops = [](const OpNode& n, const Shape& out) {
-                    return 2.0 * double(shape_numel(n.inputs[0])) * double(out[0]) +
-                           double(out[0]);
-                  }});
+RINGTRAIN_REGISTER_OP(linear,
+                      OpDef{.name = "linear",
+                            .infer = [](const OpNode& n) -> Shape {
+                              const auto& o = n.def.linear();
+                              RT_REQUIRE(o.out_features() >= 1, "out_features ", o.out_features(),
+                                         " is not valid; expected a positive number");
+                              fused_activation(o.activation());
+                              return {o.out_features()};
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              const auto& o = n.def.linear();
+                              return std::make_unique<Linear>(
+                                  n.name, shape_numel(n.inputs[0]), o.out_features(),
+                                  fused_activation(o.activation()), !o.has_bias() || o.bias());
+                            },
+                            .flops =
+                                [](const OpNode& n, const Shape& out) {
+                                  return 2.0 * double(shape_numel(n.inputs[0])) * double(out[0]) +
+                                         double(out[0]);
+                                }});
 
 }  // namespace
 

@@ -92,42 +92,42 @@ namespace {
 RINGTRAIN_REGISTER_OP(add, OpDef{.name = "add",
                                  .min_inputs = 2,
                                  .max_inputs = -1,
-                                 .infer =
-                                     [](const OpNode& n) -> Shape {
-                                       for (size_t i = 1; i < n.inputs.size(); ++i)
-                                         RT_REQUIRE(n.inputs[i] == n.inputs[0],
-                                                    "add needs inputs of one shape; input 1 is ",
-                                                    shape_str(n.inputs[0]), " but input ", i + 1,
-                                                    " is ", shape_str(n.inputs[i]));
-                                       return n.inputs[0];
-                                     },
+                                 .infer = [](const OpNode& n) -> Shape {
+                                   for (size_t i = 1; i < n.inputs.size(); ++i)
+                                     RT_REQUIRE(n.inputs[i] == n.inputs[0],
+                                                "add needs inputs of one shape; input 1 is ",
+                                                shape_str(n.inputs[0]), " but input ", i + 1,
+                                                " is ", shape_str(n.inputs[i]));
+                                   return n.inputs[0];
+                                 },
                                  .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
                                    return std::make_unique<Add>(n.name);
                                  },
-                  .flops = nullptr});
+                                 .flops = nullptr});
 
-RINGTRAIN_REGISTER_OP(
-    concat, OpDef{.name = "concat",
-                  .min_inputs = 2,
-                  .max_inputs = -1,
-                  .infer =
-                      [](const OpNode& n) -> Shape {
-                        Shape out = n.inputs[0];
-                        RT_REQUIRE(!out.empty(), "concat needs inputs with a channel axis");
-                        for (size_t i = 1; i < n.inputs.size(); ++i) {
-                          Shape a = n.inputs[0], b = n.inputs[i];
-                          a[0] = b.empty() ? 0 : b[0];
-                          RT_REQUIRE(a == b, "concat needs inputs that differ only in channels; input 1 is ",
-                                     shape_str(n.inputs[0]), " but input ", i + 1, " is ",
-                                     shape_str(n.inputs[i]));
-                          out[0] += b[0];
-                        }
-                        return out;
-                      },
-                  .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                    return std::make_unique<Concat>(n.name);
-                  },
-                  .flops = [](const OpNode&, const Shape&) { return 0.0; }});
+RINGTRAIN_REGISTER_OP(concat,
+                      OpDef{.name = "concat",
+                            .min_inputs = 2,
+                            .max_inputs = -1,
+                            .infer = [](const OpNode& n) -> Shape {
+                              Shape out = n.inputs[0];
+                              RT_REQUIRE(!out.empty(), "concat needs inputs with a channel axis");
+                              for (size_t i = 1; i < n.inputs.size(); ++i) {
+                                Shape a = n.inputs[0], b = n.inputs[i];
+                                a[0] = b.empty() ? 0 : b[0];
+                                RT_REQUIRE(
+                                    a == b,
+                                    "concat needs inputs that differ only in channels; input 1 is ",
+                                    shape_str(n.inputs[0]), " but input ", i + 1, " is ",
+                                    shape_str(n.inputs[i]));
+                                out[0] += b[0];
+                              }
+                              return out;
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              return std::make_unique<Concat>(n.name);
+                            },
+                            .flops = [](const OpNode&, const Shape&) { return 0.0; }});
 
 }  // namespace
 

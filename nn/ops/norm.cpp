@@ -54,7 +54,6 @@ const Tensor& BatchNorm2D::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-
 // ---- registration ----------------------------------------------------------------------
 
 namespace {
@@ -69,22 +68,19 @@ kernels::BatchNormConfig bn_config(const pb::BatchNorm& o) {
 RINGTRAIN_REGISTER_OP(
     batch_norm,
     OpDef{.name = "batch_norm",
-          .infer =
-              [](const OpNode& n) -> Shape {
-                const Shape& x = n.inputs[0];
-                RT_REQUIRE(x.size() == 3, "batch_norm expects input [C, H, W], got ",
-                           shape_str(x));
-                const auto c = bn_config(n.def.batch_norm());
-                RT_REQUIRE(c.momentum >= 0 && c.momentum <= 1, "momentum ", c.momentum,
-                           " is not in [0, 1]");
-                RT_REQUIRE(c.eps > 0, "eps ", c.eps, " is not positive");
-                return x;
-              },
-          .build =
-              [](const OpNode& n) -> std::unique_ptr<Layer> {
-                return std::make_unique<BatchNorm2D>(n.name, n.inputs[0][0],
-                                                     bn_config(n.def.batch_norm()));
-              },
+          .infer = [](const OpNode& n) -> Shape {
+            const Shape& x = n.inputs[0];
+            RT_REQUIRE(x.size() == 3, "batch_norm expects input [C, H, W], got ", shape_str(x));
+            const auto c = bn_config(n.def.batch_norm());
+            RT_REQUIRE(c.momentum >= 0 && c.momentum <= 1, "momentum ", c.momentum,
+                       " is not in [0, 1]");
+            RT_REQUIRE(c.eps > 0, "eps ", c.eps, " is not positive");
+            return x;
+          },
+          .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+            return std::make_unique<BatchNorm2D>(n.name, n.inputs[0][0],
+                                                 bn_config(n.def.batch_norm()));
+          },
           .flops = [](const OpNode&, const Shape& out) { return 4.0 * double(shape_numel(out)); }});
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The pooling ops: MaxPool2D and GlobalAvgPool and the registrations of `max_pool` and `global_avg_pool`.
+// The pooling ops: MaxPool2D and GlobalAvgPool and the registrations of `max_pool` and
+// `global_avg_pool`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
 #include "nn/op_registry.hpp"
@@ -53,48 +54,43 @@ namespace {
 int64_t pool_stride(const pb::MaxPool& o) { return o.has_stride() ? o.stride() : o.kernel(); }
 
 RINGTRAIN_REGISTER_OP(
-    max_pool,
-    OpDef{.name = "max_pool",
-          .infer =
-              [](const OpNode& n) -> Shape {
-                const Shape& x = n.inputs[0];
-                const auto& o = n.def.max_pool();
-                RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
-                           " is not valid; expected a positive number");
-                RT_REQUIRE(pool_stride(o) >= 1, "stride ", pool_stride(o),
-                           " is not valid; expected a positive number");
-                RT_REQUIRE(x.size() == 3 && x[1] >= o.kernel() && x[2] >= o.kernel(),
-                           "max_pool expects input [C, H, W] with H, W >= ", o.kernel(), ", got ",
-                           shape_str(x));
-                const kernels::PoolShape ps{1, x[0], x[1], x[2], o.kernel(), pool_stride(o)};
-                return {x[0], ps.p(), ps.q()};
-              },
-          .build =
-              [](const OpNode& n) -> std::unique_ptr<Layer> {
-                const auto& o = n.def.max_pool();
-                return std::make_unique<MaxPool2D>(n.name, o.kernel(), pool_stride(o));
-              },
-          .flops = [](const OpNode& n, const Shape& out) {
-            const int64_t k = n.def.max_pool().kernel();
-            return double(shape_numel(out) * k * k);
-          }});
+    max_pool, OpDef{.name = "max_pool",
+                    .infer = [](const OpNode& n) -> Shape {
+                      const Shape& x = n.inputs[0];
+                      const auto& o = n.def.max_pool();
+                      RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
+                                 " is not valid; expected a positive number");
+                      RT_REQUIRE(pool_stride(o) >= 1, "stride ", pool_stride(o),
+                                 " is not valid; expected a positive number");
+                      RT_REQUIRE(x.size() == 3 && x[1] >= o.kernel() && x[2] >= o.kernel(),
+                                 "max_pool expects input [C, H, W] with H, W >= ", o.kernel(),
+                                 ", got ", shape_str(x));
+                      const kernels::PoolShape ps{1, x[0], x[1], x[2], o.kernel(), pool_stride(o)};
+                      return {x[0], ps.p(), ps.q()};
+                    },
+                    .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                      const auto& o = n.def.max_pool();
+                      return std::make_unique<MaxPool2D>(n.name, o.kernel(), pool_stride(o));
+                    },
+                    .flops =
+                        [](const OpNode& n, const Shape& out) {
+                          const int64_t k = n.def.max_pool().kernel();
+                          return double(shape_numel(out) * k * k);
+                        }});
 
-RINGTRAIN_REGISTER_OP(global_avg_pool,
-                      OpDef{.name = "global_avg_pool",
-                            .infer =
-                                [](const OpNode& n) -> Shape {
-                                  const Shape& x = n.inputs[0];
-                                  RT_REQUIRE(x.size() == 3,
-                                             "global_avg_pool expects input [C, H, W], got ",
-                                             shape_str(x));
-                                  return {x[0]};
-                                },
-                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                              return std::make_unique<GlobalAvgPool>(n.name);
-                            },
-                            .flops = [](const OpNode& n, const Shape&) {
-                              return double(shape_numel(n.inputs[0]));
-                            }});
+RINGTRAIN_REGISTER_OP(
+    global_avg_pool,
+    OpDef{.name = "global_avg_pool",
+          .infer = [](const OpNode& n) -> Shape {
+            const Shape& x = n.inputs[0];
+            RT_REQUIRE(x.size() == 3, "global_avg_pool expects input [C, H, W], got ",
+                       shape_str(x));
+            return {x[0]};
+          },
+          .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+            return std::make_unique<GlobalAvgPool>(n.name);
+          },
+          .flops = [](const OpNode& n, const Shape&) { return double(shape_numel(n.inputs[0])); }});
 
 }  // namespace
 

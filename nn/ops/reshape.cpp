@@ -18,7 +18,6 @@ const Tensor& Flatten::backward(Context&, const Tensor& dy) {
   return dx_;
 }
 
-
 const Tensor& Reshape::forward(Context&, const Tensor& x) {
   x_shape_ = x.shape;
   Shape s{x.dim(0)};
@@ -69,18 +68,17 @@ RINGTRAIN_REGISTER_OP(flatten, OpDef{.name = "flatten",
                                      },
                                      .flops = [](const OpNode&, const Shape&) { return 0.0; }});
 
-RINGTRAIN_REGISTER_OP(reshape,
-                      OpDef{.name = "reshape",
-                            .infer = [](const OpNode& n) -> Shape {
-                              return resolve_reshape(n.def.reshape().shape(),
-                                                     shape_numel(n.inputs[0]));
-                            },
-                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                              return std::make_unique<Reshape>(
-                                  n.name, resolve_reshape(n.def.reshape().shape(),
-                                                          shape_numel(n.inputs[0])));
-                            },
-                            .flops = [](const OpNode&, const Shape&) { return 0.0; }});
+RINGTRAIN_REGISTER_OP(reshape, OpDef{.name = "reshape",
+                                     .infer = [](const OpNode& n) -> Shape {
+                                       return resolve_reshape(n.def.reshape().shape(),
+                                                              shape_numel(n.inputs[0]));
+                                     },
+                                     .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                                       return std::make_unique<Reshape>(
+                                           n.name, resolve_reshape(n.def.reshape().shape(),
+                                                                   shape_numel(n.inputs[0])));
+                                     },
+                                     .flops = [](const OpNode&, const Shape&) { return 0.0; }});
 
 }  // namespace
 

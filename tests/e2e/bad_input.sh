@@ -45,7 +45,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   check "--device 'cuda'" train --data "$DATA/train.h5" --device cuda
   check "--device 'cuda'" eval --checkpoint "$good" --data "$DATA/test.h5" --device cuda
 fi
-check "holds model" train --data "$DATA/train.h5" --steps 6 --hidden 16 --checkpoint-dir "$dir/ck" --threads 1
+check "builds (models/mlp.pbtxt): node 'fc1'" train --data "$DATA/train.h5" --steps 6 --hidden 16 --checkpoint-dir "$dir/ck" --threads 1
 check "was trained with --optimizer adamw" train --data "$DATA/train.h5" --steps 6 --hidden 32 --optimizer sgd --checkpoint-dir "$dir/ck" --threads 1
 check "is not a ringtrain checkpoint" eval --checkpoint "$DATA/test.h5" --data "$DATA/test.h5"
 check "is not an HDF5 file" eval --checkpoint "$dir/text.h5" --data "$DATA/test.h5"

@@ -20,7 +20,8 @@ pass "cnn, 2 ranks, fp16: test accuracy $acc after 150 steps"
 for case in "cnn fp16" "resnet bf16"; do
   read -r model prec <<<"$case"
   common=(--data "$DATA/train.h5" --model "$model" --precision "$prec" --batch-size 16
-          --threads 1 --log-every 1000 --seed 3 --depth 1 --width 4)
+          --threads 1 --log-every 1000 --seed 3)
+  [[ $model == resnet ]] && common+=(--depth 1 --width 4)
   mpi 2 "$BIN" train "${common[@]}" --steps 16 --checkpoint-dir "$dir/full-$model" >/dev/null
   mpi 2 "$BIN" train "${common[@]}" --steps 7 --checkpoint-dir "$dir/split-$model" >/dev/null
   out=$(mpi 2 "$BIN" train "${common[@]}" --steps 16 --checkpoint-dir "$dir/split-$model")
@@ -46,7 +47,7 @@ with h5py.File(sys.argv[1], "r") as f:
     assert np.abs(m).max() > 0 and np.abs(v - 1).max() > 0, (m, v)
     model = f.attrs["model"]
     model = model.decode() if isinstance(model, bytes) else model
-    assert '"name":"resnet"' in model, model
+    assert 'name: "resnet"' in model and "node {" in model, model
 PY
 out=$("$BIN" eval --checkpoint "$ck" --data "$DATA/test.h5")
 contains "accuracy" <<<"$out" || fail "eval of a resnet checkpoint: $out"
@@ -59,7 +60,8 @@ err=$(mpi 1 "$BIN" train --data "$DATA/train.h5" --model resnet --depth 1 --widt
 code=$?
 set -e
 [[ $code -eq 1 ]] || fail "resume with another --width exited $code: $err"
-contains '"width":4' <<<"$err" || fail "the message does not name the checkpoint's model: $err"
+contains "holds another model.*node 'stem.conv'" <<<"$err" ||
+  fail "the message does not name the first differing node: $err"
 pass "another --width is refused on resume"
 
 # Bad model options: exit 1, one message naming the option.
@@ -80,6 +82,8 @@ check_bad "--activation" --model resnet --activation swish
 check_bad "--layer-precision" --model cnn --layer-precision conv7=fp32
 check_bad "--layer-precision" --model cnn --layer-precision conv1=fp8
 check_bad "--model" --model vgg
+check_bad "--hidden: model 'cnn'" --model cnn --hidden 64
+check_bad "--depth: model 'mlp'" --model mlp --depth 2
 set +e
 err=$(RINGTRAIN_CONV=winograd "$BIN" train --data "$DATA/train.h5" --model cnn --steps 1 \
   --threads 1 2>&1 >/dev/null)

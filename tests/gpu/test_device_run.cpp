@@ -2,9 +2,9 @@
 // core's device handling): a model built under a DeviceScope has device-labelled flat views,
 // Model::init_parameters gives it the host's values through staging, HostMirror copies the
 // masters, buffers and optimizer state to the host and back, and BatchStage uploads a batch.
+#include "launch/device.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
-#include "launch/device.hpp"
 #include "tests/gpu/gpu_util.hpp"
 
 namespace ringtrain::test {

@@ -5,9 +5,9 @@
 // the losses and the parameter updates must agree within each precision's tolerance.
 #include <cmath>
 
+#include "core/rng.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
-#include "core/rng.hpp"
 #include "tests/gpu/gpu_util.hpp"
 
 namespace ringtrain::test {

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "nn/layers.hpp"
-#include "nn/graph_builder.hpp"
-#include "nn/model.hpp"
 #include "kernels/kernels.hpp"
 #include "layer_test_util.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/layers.hpp"
+#include "nn/model.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {
@@ -355,10 +355,14 @@ TEST(LayerPrecision, OverrideKeepsALayerInFp32) {
   std::vector<float> dl(20, 0.01f);
   model->backward(ctx, Tensor(dl.data(), {2, 10}, DType::f32));  // runs through the casts
   EXPECT_TRUE(test::throws_kind(
-      [&] { build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv9=fp32"); },
+      [&] {
+        build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv9=fp32");
+      },
       ErrorKind::input));
   EXPECT_TRUE(test::throws_kind(
-      [&] { build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv1=fp8"); },
+      [&] {
+        build_model("cnn", {1, 12, 12}, 10, {}, DType::bf16, "conv1=fp8");
+      },
       ErrorKind::input));
 }
 
@@ -390,10 +394,12 @@ TEST(Models, CnnAndResnetShapesAndNames) {
   EXPECT_EQ(logits.shape, (Shape{2, 10}));
   // Bad options are input errors, not crashes.
   EXPECT_TRUE(test::throws_kind(
-      [&] { build_model("resnet", {3, 32, 32}, 10, {{"depth", "0"}}, DType::f32); },
+      [&] {
+        build_model("resnet", {3, 32, 32}, 10, {{"depth", "0"}}, DType::f32);
+      },
       ErrorKind::input));
-  EXPECT_TRUE(test::throws_kind([&] { build_model("cnn", {784}, 10, {}, DType::f32); },
-                                ErrorKind::input));
+  EXPECT_TRUE(
+      test::throws_kind([&] { build_model("cnn", {784}, 10, {}, DType::f32); }, ErrorKind::input));
 }
 
 }  // namespace

@@ -12,10 +12,10 @@
 #include <tuple>
 #include <vector>
 
-#include "nn/layers.hpp"
-#include "nn/graph_builder.hpp"
-#include "nn/model.hpp"
 #include "kernels/kernels.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/layers.hpp"
+#include "nn/model.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {

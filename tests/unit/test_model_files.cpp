@@ -61,17 +61,40 @@ TEST(ShippedModels, InitialValuesEqualThePreviousBuiltins) {
 // A graph with every kind of edge: the input read by two nodes, add, concat, an output read
 // by two nodes, and a parameter shared with an earlier node (summed gradients).
 const char* kGraph = R"pb(
-  node { name: "a" linear { out_features: 5 } }
-  node { name: "a_act" activation { kind: GELU } }
-  node { name: "b" input: "input" linear { out_features: 5 } }
-  node { name: "sum" add {} input: "a_act" input: "b" }
+  node {
+    name: "a"
+    linear { out_features: 5 }
+  }
+  node {
+    name: "a_act"
+    activation { kind: GELU }
+  }
+  node {
+    name: "b"
+    input: "input"
+    linear { out_features: 5 }
+  }
+  node {
+    name: "sum"
+    add {}
+    input: "a_act"
+    input: "b"
+  }
   node {
     name: "c"
     linear { out_features: 5 }
     share { param: "weight" from: "a.weight" }
   }
-  node { name: "c_act" activation { kind: GELU } }
-  node { name: "cat" concat {} input: "c_act" input: "b" }
+  node {
+    name: "c_act"
+    activation { kind: GELU }
+  }
+  node {
+    name: "cat"
+    concat {}
+    input: "c_act"
+    input: "b"
+  }
   node {
     name: "out"
     linear {}
@@ -153,9 +176,10 @@ TEST(ModelFiles, ErrorsNameTheLineAndTheNode) {
     plan_model(f);
   };
   std::string e = error_of([&] {
-    plan("node { name: \"c\" conv { out_channels: 4 kernel: 3 } }\n"
-         "node { name: \"f\" flatten {} }\n"
-         "node { name: \"x\" add {} input: \"c\" input: \"f\" }\n");
+    plan(
+        "node { name: \"c\" conv { out_channels: 4 kernel: 3 } }\n"
+        "node { name: \"f\" flatten {} }\n"
+        "node { name: \"x\" add {} input: \"c\" input: \"f\" }\n");
   });
   EXPECT_NE(e.find("m.pbtxt:3:1: node 'x': add"), std::string::npos) << e;
   EXPECT_NE(e.find("[4, 6, 6]"), std::string::npos) << e;
@@ -188,8 +212,9 @@ TEST(ModelFiles, OldCheckpointJsonMapsToTheShippedFile) {
   g.override_var("activation", "gelu", "--activation");
   g.set_data_shape({3, 16, 16}, 10, "the data");
   EXPECT_EQ(first_difference(plan_model(f), plan_model(g)), "");
-  const std::string e = error_of(
-      [] { model_file_from_legacy_json(R"({"name":"vgg","input":[3,8,8],"classes":10})", "o.h5"); });
+  const std::string e = error_of([] {
+    model_file_from_legacy_json(R"({"name":"vgg","input":[3,8,8],"classes":10})", "o.h5");
+  });
   EXPECT_NE(e.find("'vgg'"), std::string::npos) << e;
 }
 
