@@ -1,0 +1,143 @@
+// CPU elementwise ops of the layers: GELU (exact, erf) and its gradient, dropout with
+// counter-based masks, and the add of residual connections and gradient sums.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/elem.hpp"
+
+namespace ringtrain::kernels::cpu {
+
+void CpuBackend::gelu(const Tensor& x, const Tensor& y) {
+  RT_CHECK(x.numel() == y.numel(), "gelu of ", x.numel(), " elements into ", y.numel());
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype, [&](auto X) {
+    using EX = decltype(X);
+    dispatch_float(y.dtype, [&](auto Y) {
+      using EY = decltype(Y);
+      const auto* px = x.as<typename EX::storage>();
+      auto* py = y.as<typename EY::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = EX::load(px[i]);
+        py[i] = EY::store(0.5f * v * (1.f + std::erf(v * 0.70710678118654752f)));
+      }
+    });
+  });
+}
+
+void CpuBackend::gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_backward sizes differ");
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype, [&](auto X) {
+    using EX = decltype(X);
+    dispatch_float(dy.dtype, [&](auto D) {
+      using ED = decltype(D);
+      dispatch_float(dx.dtype, [&](auto O) {
+        using EO = decltype(O);
+        const auto* px = x.as<typename EX::storage>();
+        const auto* pd = dy.as<typename ED::storage>();
+        auto* po = dx.as<typename EO::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = EX::load(px[i]);
+          const float cdf = 0.5f * (1.f + std::erf(v * 0.70710678118654752f));
+          const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
+          po[i] = EO::store(ED::load(pd[i]) * (cdf + v * pdf));
+        }
+      });
+    });
+  });
+}
+
+namespace {
+
+// mask[i] = dropout_uniform(seed, i) >= p. The hash's 64-bit multiplies vectorise with
+// AVX-512DQ; the loop is inlined into a baseline and an AVX-512 function, chosen at run time.
+__attribute__((always_inline)) inline void dropout_mask_body(uint64_t seed, float p, int64_t begin,
+                                                             int64_t end, uint8_t* mask) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) mask[i] = dropout_uniform(seed, uint64_t(i)) >= p;
+}
+
+void dropout_mask_base(uint64_t seed, float p, int64_t begin, int64_t end, uint8_t* mask) {
+  dropout_mask_body(seed, p, begin, end, mask);
+}
+
+__attribute__((target("avx512f,avx512dq"))) void dropout_mask_avx512(uint64_t seed, float p,
+                                                                     int64_t begin, int64_t end,
+                                                                     uint8_t* mask) {
+  dropout_mask_body(seed, p, begin, end, mask);
+}
+
+void dropout_mask(uint64_t seed, float p, int64_t begin, int64_t end, uint8_t* mask) {
+  static const bool avx512 = __builtin_cpu_supports("avx512dq");
+  if (avx512)
+    dropout_mask_avx512(seed, p, begin, end, mask);
+  else
+    dropout_mask_base(seed, p, begin, end, mask);
+}
+
+}  // namespace
+
+void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                                 const Tensor& mask) {
+  RT_CHECK(x.numel() == y.numel() && mask.numel() == x.numel() && mask.dtype == DType::u8 &&
+               x.dtype == y.dtype,
+           "dropout tensors do not match");
+  RT_CHECK(p >= 0.f && p < 1.f, "dropout probability ", p, " outside [0, 1)");
+  const int64_t n = x.numel();
+  const float keep_scale = 1.f / (1.f - p);
+  auto* pm = mask.as<uint8_t>();
+  dispatch_float(x.dtype, [&](auto X) {
+    using E = decltype(X);
+    const auto* px = x.as<typename E::storage>();
+    auto* py = y.as<typename E::storage>();
+    constexpr int64_t kChunk = 4096;
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t end = std::min(n, c + kChunk);
+      dropout_mask(seed, p, c, end, pm);
+      for (int64_t i = c; i < end; ++i) py[i] = E::store(pm[i] ? E::load(px[i]) * keep_scale : 0.f);
+    }
+  });
+}
+
+void CpuBackend::dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
+  RT_CHECK(dy.numel() == dx.numel() && mask.numel() == dy.numel() && dy.dtype == dx.dtype,
+           "dropout gradient tensors do not match");
+  const int64_t n = dy.numel();
+  const float keep_scale = 1.f / (1.f - p);
+  const auto* pm = mask.as<uint8_t>();
+  dispatch_float(dy.dtype, [&](auto D) {
+    using E = decltype(D);
+    const auto* pd = dy.as<typename E::storage>();
+    auto* px = dx.as<typename E::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) px[i] = E::store(pm[i] ? E::load(pd[i]) * keep_scale : 0.f);
+  });
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  RT_CHECK(a.numel() == b.numel() && b.numel() == y.numel(), "add of ", a.numel(), " and ",
+           b.numel(), " elements into ", y.numel());
+  const int64_t n = a.numel();
+  dispatch_float(a.dtype, [&](auto A) {
+    using EA = decltype(A);
+    dispatch_float(b.dtype, [&](auto B) {
+      using EB = decltype(B);
+      dispatch_float(y.dtype, [&](auto Y) {
+        using EY = decltype(Y);
+        const auto* pa = a.as<typename EA::storage>();
+        const auto* pb = b.as<typename EB::storage>();
+        auto* py = y.as<typename EY::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+        for (int64_t i = 0; i < n; ++i) py[i] = EY::store(EA::load(pa[i]) + EB::load(pb[i]));
+      });
+    });
+  });
+}
+
+}  // namespace ringtrain::kernels::cpu
