@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # benchmarks/gpu/check.sh's machinery, checked without a GPU: `check.sh --self-test` runs
 # fake steps (one passes, one fails, one hangs past its own timeout, one skips with exit
-# 77, one would outlive the whole budget, one comes too late), and this script checks from
+# 77 as gpu_bench does without a device, one would outlive the whole budget, one comes too late), and this script checks from
 # outside that the run ended within its budget, exited 1, and left a valid summary.json
 # and a summary.md marking each step as it went. Then the same run stopped by SIGTERM must
 # still leave a summary of the steps so far, and --help / a bad option behave.
@@ -25,7 +25,7 @@ python3 - "$dir/run" <<'PY' || fail "summary of the self-test run"
 import json, sys
 d = sys.argv[1]
 s = json.load(open(f"{d}/summary.json"))
-want = {"ok": "passed", "fails": "failed", "hangs": "timeout", "skips": "skipped",
+want = {"ok": "passed", "fails": "failed", "hangs": "timeout", "gpu_bench": "skipped",
         "outlives_budget": "timeout", "late": "not-run"}
 got = {st["name"]: st["status"] for st in s["steps"]}
 assert got == want, f"step statuses {got}, expected {want}"
@@ -34,7 +34,7 @@ assert s["result"] == "failed", s["result"]
 steps = {st["name"]: st for st in s["steps"]}
 assert steps["fails"]["rc"] == 3 and "error: something broke" in steps["fails"]["note"], steps["fails"]
 assert steps["hangs"]["timeout_s"] == 2 and steps["hangs"]["rc"] in (124, 137), steps["hangs"]
-assert steps["skips"]["rc"] == 77 and "no CUDA device" in steps["skips"]["note"], steps["skips"]
+assert steps["gpu_bench"]["rc"] == 77 and "no CUDA device" in steps["gpu_bench"]["note"], steps["gpu_bench"]
 # The budget, not the step's own 600 s, bounded it; the whole run stayed inside the budget
 # (plus the kill grace of `timeout -k 5`).
 assert steps["outlives_budget"]["timeout_s"] < s["budget_s"], steps["outlives_budget"]
@@ -42,7 +42,7 @@ assert s["seconds"] <= s["budget_s"] + 5, (s["seconds"], s["budget_s"])
 assert steps["late"]["rc"] is None and steps["late"]["log"] is None, steps["late"]
 md = open(f"{d}/summary.md").read().splitlines()
 rows = {l.split("|")[1].strip(): l.split("|")[2].strip() for l in md if l.startswith("| ") and not l.startswith("| step")}
-assert rows == {"ok": "passed", "fails": "**FAILED**", "hangs": "**TIMEOUT**", "skips": "**SKIPPED**",
+assert rows == {"ok": "passed", "fails": "**FAILED**", "hangs": "**TIMEOUT**", "gpu_bench": "**SKIPPED**",
                 "outlives_budget": "**TIMEOUT**", "late": "**NOT-RUN**"}, rows
 print("self-test summary: every outcome marked", s["seconds"], "s")
 PY
