@@ -287,8 +287,22 @@ env_report() {
   done
   command -v nvcc >/dev/null && nvcc --version | tail -n 2
   command -v cmake >/dev/null && cmake --version | sed -n 1p
-  for lib in libcudnn.so libnccl.so libhdf5 libboost_program_options libopenblas libmpi; do
-    if ldconfig -p | grep -q "$lib"; then echo "$lib: found"; else missing+=("$lib (ldconfig)"); fi
+  # What CMakeLists.txt requires besides CUDA (MPI, parallel HDF5, Boost.Program_options,
+  # OpenBLAS, oneDNN, GoogleTest) and cuDNN/NCCL: a CUDA image without them fails at
+  # configure, and this line says which, before the build is tried.
+  for lib in libcudnn.so libnccl.so libmpi.so libhdf5_openmpi libboost_program_options \
+    libopenblas libdnnl; do
+    if ldconfig -p | grep -q "$lib"; then echo "$lib: found"; else missing+=("$lib"); fi
+  done
+  local hdr
+  for hdr in cudnn.h nccl.h gtest/gtest.h cblas.h; do
+    if compgen -G "/usr/include/$hdr" >/dev/null || compgen -G "/usr/local/include/$hdr" \
+      >/dev/null || compgen -G "/usr/include/*/$hdr" >/dev/null \
+      || compgen -G "/usr/local/cuda/include/$hdr" >/dev/null; then
+      echo "$hdr: found"
+    else
+      missing+=("$hdr")
+    fi
   done
   echo "cores: $(nproc); budget ${budget}s"
   if [[ ${#missing[@]} -gt 0 ]]; then

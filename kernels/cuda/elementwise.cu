@@ -54,11 +54,19 @@ __global__ void bias_grad_channels(const T* dy, int64_t rows, int64_t f, int64_t
   const int64_t j = blockIdx.x, s = blockIdx.y;
   const int64_t per = (rows + kBiasGradSlices - 1) / kBiasGradSlices;
   const int64_t r0 = s * per, r1 = r0 + per < rows ? r0 + per : rows;
-  const int64_t count = r1 > r0 ? (r1 - r0) * inner : 0;
+  // Thread t takes elements e = t, t + B, t + 2B, ... of the slice, e = (r - r0) inner + k;
+  // (r, k) advance by (B / inner, B % inner) with one carry, no division in the loop.
+  const int64_t step_r = blockDim.x / inner, step_k = blockDim.x % inner;
+  int64_t r = r0 + threadIdx.x / inner, k = threadIdx.x % inner;
   float acc = 0.f;
-  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-    const int64_t r = r0 + e / inner, k = e % inner;
+  while (r < r1) {
     acc += ld(dy, (r * f + j) * inner + k);
+    r += step_r;
+    k += step_k;
+    if (k >= inner) {
+      k -= inner;
+      ++r;
+    }
   }
   sh[threadIdx.x] = acc;
   __syncthreads();
