@@ -255,6 +255,14 @@ step() {
     status=passed
     note="$(grep -m1 -E 'tests passed|^all .* passed' "$logs/$name.log" || true)"
   fi
+  # Whatever the outcome: the benchmark's goals, and warnings (e.g. a convolution that cuDNN
+  # could only run in fp32).
+  local met missed warned
+  met=$(grep -cE ' met$' "$logs/$name.log" || true)
+  missed=$(grep -cE ' MISSED$' "$logs/$name.log" || true)
+  warned=$(grep -c 'ringtrain: warning:' "$logs/$name.log" || true)
+  [[ $((met + missed)) -eq 0 ]] || note+="${note:+; }goals: $met met, $missed missed"
+  [[ $warned -eq 0 ]] || note+="${note:+; }$warned warning(s): $(grep -m1 'ringtrain: warning:' "$logs/$name.log" | cut -c1-160)"
   stamp "$name: $status (${took}s)${note:+: ${note:0:160}}"
   record "$name" "$status" "$rc" "$took" "$limit" "$note"
 }
@@ -353,7 +361,7 @@ run_real() {
 
 # ---- fake steps for --self-test: one of each outcome ----------------------------------------
 run_self_test() {
-  step ok 30 bash -c 'echo "1/1 tests passed"'
+  step ok 30 bash -c 'echo "1/1 tests passed"; echo "goal x  1.0 >=0.5 met"; echo "goal y  0.1 >=0.8 MISSED"'
   step fails 30 bash -c 'echo "error: something broke" >&2; exit 3'
   step hangs 2 sleep 60
   step gpu_bench 30 bash -c 'echo "SKIPPED: no CUDA device (self-test)"; exit 77'

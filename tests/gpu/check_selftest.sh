@@ -32,6 +32,7 @@ assert got == want, f"step statuses {got}, expected {want}"
 assert [st["name"] for st in s["steps"]] == list(want), "steps out of order"
 assert s["result"] == "failed", s["result"]
 steps = {st["name"]: st for st in s["steps"]}
+assert steps["ok"]["note"] == "1/1 tests passed; goals: 1 met, 1 missed", steps["ok"]["note"]
 assert steps["fails"]["rc"] == 3 and "error: something broke" in steps["fails"]["note"], steps["fails"]
 assert steps["hangs"]["timeout_s"] == 2 and steps["hangs"]["rc"] in (124, 137), steps["hangs"]
 assert steps["gpu_bench"]["rc"] == 77 and "no CUDA device" in steps["gpu_bench"]["note"], steps["gpu_bench"]
