@@ -1,4 +1,4 @@
-// Unit tests of the convolutional layers (core/layers.hpp) on the CPU backend:
+// Unit tests of the convolutional layers (nn/layers.hpp) on the CPU backend:
 //  - every layer's backward against central finite differences in fp32;
 //  - fp16/bf16 forward and backward against fp32 within a stated tolerance;
 //  - (against PyTorch: test_layer_ref.cpp)

@@ -1,4 +1,4 @@
-// Unit tests of the layers (core/layers.hpp), the MLP model (core/model.hpp) and the
+// Unit tests of the layers (nn/layers.hpp), the MLP model (nn/model.hpp) and the
 // softmax cross-entropy kernel: every backward pass against central finite differences
 // in fp32 on the CPU backend, and the 16-bit GEMM of the CPU backend against the fp32
 // GEMM of its widened inputs, rounded once.

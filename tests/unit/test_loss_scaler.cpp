@@ -1,4 +1,4 @@
-// Unit tests of the dynamic loss scaler (core/loss_scaler.hpp), step by step: growth after
+// Unit tests of the dynamic loss scaler (nn/loss_scaler.hpp), step by step: growth after
 // growth_interval finite steps, backoff and skip on overflow, the floor and its one-time
 // warning, the static mode, config validation and restore().
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Unit tests of the optimizers (core/optimizer.hpp, kernels/cpu/cpu_optim.cpp) against a
+// Unit tests of the optimizers (nn/optimizer.hpp, kernels/cpu/cpu_optim.cpp) against a
 // double-precision transcription of PyTorch's SGD and AdamW, with and without a 16-bit
 // working copy; and of the gradient kernels unscale_check and sum_squares.
 #include <gtest/gtest.h>
