@@ -42,7 +42,8 @@ ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::strin
 
 void require_same_model(const ModelFile& run, const ModelFile& checkpoint,
                         const std::string& path) {
-  const std::string diff = first_difference(plan_model(run), plan_model(checkpoint));
+  const std::string diff =
+      first_difference(plan_model(run), plan_model(checkpoint), "in this run", "in the checkpoint");
   RT_REQUIRE(diff.empty(), "checkpoint '", path, "' holds another model than this run builds (",
              run.origin(), "): ", diff,
              "; use the same --model and options, another --checkpoint-dir, or --resume never "

@@ -571,12 +571,13 @@ std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape&
   return build_model(f, compute);
 }
 
-std::string first_difference(const ModelPlan& here, const ModelPlan& there) {
+std::string first_difference(const ModelPlan& here, const ModelPlan& there,
+                             const std::string& here_is, const std::string& there_is) {
   if (here.input != there.input)
-    return cat("the input shape: ", shape_str(here.input), " here, ", shape_str(there.input),
-               " there");
+    return cat("the input shape: ", shape_str(here.input), " ", here_is, ", ",
+               shape_str(there.input), " ", there_is);
   if (here.classes != there.classes)
-    return cat("the classes: ", here.classes, " here, ", there.classes, " there");
+    return cat("the classes: ", here.classes, " ", here_is, ", ", there.classes, " ", there_is);
   auto describe = [](const PlannedNode& n) {
     std::string s;
     gp::TextFormat::Printer p;
@@ -596,14 +597,16 @@ std::string first_difference(const ModelPlan& here, const ModelPlan& there) {
   for (size_t i = 0; i < n; ++i) {
     const auto& a = here.nodes[i];
     const auto& b = there.nodes[i];
-    if (a.name != b.name) return cat("node ", i + 1, ": '", a.name, "' here, '", b.name, "' there");
+    if (a.name != b.name)
+      return cat("node ", i + 1, ": '", a.name, "' ", here_is, ", '", b.name, "' ", there_is);
     const std::string da = describe(a), db = describe(b);
-    if (da != db) return cat("node '", a.name, "': ", da, " here; ", db, " there");
+    if (da != db) return cat("node '", a.name, "': ", da, " ", here_is, "; ", db, " ", there_is);
   }
   if (here.nodes.size() != there.nodes.size()) {
     const auto& longer = here.nodes.size() > n ? here.nodes : there.nodes;
-    return cat("node '", longer[n].name, "' exists only ", here.nodes.size() > n ? "here" : "there",
-               " (", here.nodes.size(), " nodes here, ", there.nodes.size(), " there)");
+    return cat("node '", longer[n].name, "' exists only ",
+               here.nodes.size() > n ? here_is : there_is, " (", here.nodes.size(), " nodes ",
+               here_is, ", ", there.nodes.size(), " ", there_is, ")");
   }
   return "";
 }

@@ -48,7 +48,10 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
 // Layers of a plan without a Model (no flat buffers): for `model show` and checks.
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan);
 // "" when the two plans build the same network; else the first node that differs and how
-// ("node 'conv2': conv { out_channels: 64 ... } here, conv { out_channels: 32 ... } there").
-std::string first_difference(const ModelPlan& here, const ModelPlan& there);
+// ("node 'conv2': conv { out_channels: 64 ... } here; conv { out_channels: 32 ... } there",
+// with `here_is` and `there_is` naming the two).
+std::string first_difference(const ModelPlan& here, const ModelPlan& there,
+                             const std::string& here_is = "here",
+                             const std::string& there_is = "there");
 
 }  // namespace ringtrain

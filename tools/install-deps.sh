@@ -17,6 +17,7 @@ packages=(
   libopenblas-dev
   libdnnl-dev
   libgtest-dev
+  libprotobuf-dev protobuf-compiler
   zlib1g-dev
   dataset-fashion-mnist
   python3-h5py

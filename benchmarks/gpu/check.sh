@@ -290,16 +290,16 @@ env_report() {
   else
     missing+=(nvidia-smi)
   fi
-  for tool in nvcc cmake mpirun h5diff python3; do
+  for tool in nvcc cmake mpirun h5diff python3 protoc; do
     if command -v "$tool" >/dev/null; then echo "$tool: $(command -v "$tool")"; else missing+=("$tool"); fi
   done
   command -v nvcc >/dev/null && nvcc --version | tail -n 2
   command -v cmake >/dev/null && cmake --version | sed -n 1p
   # What CMakeLists.txt requires besides CUDA (MPI, parallel HDF5, Boost.Program_options,
-  # OpenBLAS, oneDNN, GoogleTest) and cuDNN/NCCL: a CUDA image without them fails at
+  # OpenBLAS, oneDNN, Protocol Buffers, GoogleTest) and cuDNN/NCCL: a CUDA image without them fails at
   # configure, and this line says which, before the build is tried.
   for lib in libcudnn.so libnccl.so libmpi.so libhdf5_openmpi libboost_program_options \
-    libopenblas libdnnl; do
+    libopenblas libdnnl libprotobuf; do
     if ldconfig -p | grep -q "$lib"; then echo "$lib: found"; else missing+=("$lib"); fi
   done
   local hdr

@@ -134,7 +134,7 @@ TEST(Overlap, OverlappedAndSequentialTrainingAreBitwiseIdentical) {
   for (DType wire : {DType::f32, DType::bf16}) {
     launch::TrainConfig cfg;
     cfg.data = data;
-    cfg.hidden = {48, 32};
+    cfg.model_vars = {{"hidden", "48,32", "--hidden"}};
     cfg.precision = DType::f16;
     cfg.batch_size = 16;
     cfg.steps = 12;

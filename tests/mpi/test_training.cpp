@@ -20,7 +20,7 @@ namespace {
 launch::TrainConfig small_config(const std::string& data, DType precision) {
   launch::TrainConfig cfg;
   cfg.data = data;
-  cfg.hidden = {32, 16};
+  cfg.model_vars = {{"hidden", "32,16", "--hidden"}};
   cfg.precision = precision;
   cfg.steps = 20;
   cfg.threads = 1;
@@ -70,7 +70,8 @@ TEST_P(ConvModelsAcrossRanks, ParametersIdenticalAfterEveryStep) {
   comm::MpiCommunicator world(MPI_COMM_WORLD);
   auto cfg = small_config(data, precision);
   cfg.model = name;
-  cfg.width = 4;
+  cfg.model_vars.clear();  // small_config's --hidden is the mlp's
+  if (name == "resnet") cfg.model_vars.push_back({"width", "4", "--width"});
   cfg.global_batch_size = 48;
   cfg.optimizer.name = "adamw";
   cfg.optimizer.lr = 1e-2f;
