@@ -83,7 +83,7 @@ pass "a global batch that does not divide is an error; --global-batch-size chang
 # Damaged newer checkpoints are skipped (and renamed aside), the older good one is used.
 d=$dir/damaged
 mpi 2 "$BIN" train "${common[@]}" --steps 30 --checkpoint-every 10 --checkpoint-dir "$d" >/dev/null
-python3 - "$d/ckpt-000000030.h5" <<'PY'
+/usr/bin/python3 - "$d/ckpt-000000030.h5" <<'PY'
 import sys
 with open(sys.argv[1], "r+b") as f:      # flip bits in the middle of the file
     f.seek(len(f.read()) // 2); f.write(b"\xff\x00\xff\x00" * 64)
