@@ -4,19 +4,13 @@
 // prefixed with its rank. At the end the ranks agree on the outcome with an allreduce, so
 // each exits non-zero when any rank failed. A skipped test counts as failed: CTest would
 // report it as passed, and a test that cannot run at a rank count is not registered there.
-// The caller's RINGTRAIN_* variables are cleared first, so that e.g. an exported
-// RINGTRAIN_RANKS_PER_NODE or RINGTRAIN_CONV cannot change what the tests compute.
+// The caller's RINGTRAIN_* variables are cleared first (tests/hermetic_env.hpp).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
 
-#include <unistd.h>  // environ
-
+#include "../hermetic_env.hpp"
 #include "io/hdf5.hpp"
 
 namespace {
@@ -34,21 +28,10 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
   int rank_;
 };
 
-// Unsets every RINGTRAIN_* variable (names collected first: unsetenv changes environ).
-void clear_ringtrain_env() {
-  std::vector<std::string> names;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "RINGTRAIN_", 10) == 0) {
-      const char* eq = std::strchr(*e, '=');
-      names.emplace_back(*e, eq ? size_t(eq - *e) : std::strlen(*e));
-    }
-  for (const auto& n : names) unsetenv(n.c_str());
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  clear_ringtrain_env();
+  ringtrain::test::clear_ringtrain_env();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ringtrain::io::silence_hdf5_errors();
