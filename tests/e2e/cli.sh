@@ -57,8 +57,8 @@ print("loss %.4f accuracy %.4f" % (ev["loss"], ev["accuracy"]))' "$dir/m.jsonl")
 for n in 2 1; do
   out=$(mpi "$n" "$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" \
     --precision bf16 --threads 1)
-  contains "^eval $dir/ck/ckpt-000000004.h5 on $DATA/test.h5 (10000 samples, bf16): $want\$" <<<"$out" ||
-    fail "eval on $n rank(s): '$out', expected '... (10000 samples, bf16): $want' as the run's validation"
+  contains "^eval $dir/ck/ckpt-000000004.h5 on $DATA/test.h5 (10000 samples, computed in bf16): $want\$" <<<"$out" ||
+    fail "eval on $n rank(s): '$out', expected '... (10000 samples, computed in bf16): $want' as the run's validation"
 done
 pass "eval: $want on 2 ranks and on 1, as the run's own validation of the same weights"
 

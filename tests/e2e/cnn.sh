@@ -22,7 +22,7 @@ eval_result() {
   local out res
   out=$(mpi 2 "$BIN" eval --checkpoint "$1" --data "$DATA/test.h5" --precision "$2" --threads 1) ||
     fail "eval $1 exited $?"
-  res=$(sed -n 's/^eval .* (10000 samples, '"$2"'): loss \([0-9.]*\) accuracy \([0-9.]*\)$/\1 \2/p' <<<"$out")
+  res=$(sed -n 's/^eval .* (10000 samples, computed in '"$2"'): loss \([0-9.]*\) accuracy \([0-9.]*\)$/\1 \2/p' <<<"$out")
   [[ -n $res ]] || fail "eval $1: no 'loss L accuracy A' line for 10000 samples: $out"
   echo "$res"
 }
