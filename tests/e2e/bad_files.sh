@@ -162,32 +162,77 @@ rm "$dir/shards/t-00001-of-00003.h5"
 run 2 1 "'$dir/shards/t-00001-of-00003.h5'" train --data "$dir/shards" --threads 1
 run 2 1 "1 of them is missing" train --data "$dir/shards/t-*.h5" --threads 1
 
-# h5py's defaults (variable-length UTF-8 string attributes) are a valid dataset; float
-# images, with one NaN that only rank 1 reads.
+# h5py's defaults (variable-length UTF-8 string attributes) are a valid dataset.
 "$PY" -c "import h5py, numpy as np
 rng = np.random.default_rng(0)
-x = rng.random((256, 20), dtype=np.float32)
-y = (np.arange(256) % 4).astype(np.int64)
-def write(path, x):
-    with h5py.File(path, 'w') as f:
-        f.attrs['format'] = 'ringtrain-dataset'
-        f.attrs['format_version'] = 1
-        f.attrs['num_classes'] = 4
-        f['images'] = x
-        f['labels'] = y
-write('$dir/h5py.h5', x)
-x[200, 3] = np.nan
-write('$dir/nan.h5', x)"
-timeout 60 mpirun -n 2 "$BIN" train --data "$dir/h5py.h5" --steps 2 --hidden 8 --threads 1 \
-  >/dev/null 2>"$dir/err" || { cat "$dir/err"; fail "an h5py-written dataset was refused"; }
+with h5py.File('$dir/h5py.h5', 'w') as f:
+    f.attrs['format'] = 'ringtrain-dataset'
+    f.attrs['format_version'] = 1
+    f.attrs['num_classes'] = 4
+    f['images'] = rng.random((256, 20), dtype=np.float32)
+    f['labels'] = (np.arange(256) % 4).astype(np.int64)"
+timeout 60 mpirun -n 2 "$BIN" train --data "$dir/h5py.h5" --steps 2 --hidden 8 \
+  --threads 1 >/dev/null 2>"$dir/err" || { cat "$dir/err"; fail "an h5py-written dataset was refused"; }
 pass "h5py's variable-length string attributes are read"
 
-# Failures inside the training loop on one rank: these need the job-wide failure path.
-# Rank 1 of 2 reads the second half of every global batch: with --global-batch-size 256 and
-# one step over all 256 samples, sample 200 (of the permutation's second half or first)
-# belongs to exactly one rank.
-run 2 1 "'$dir/nan.h5': sample 200 (row 200 of this file) holds nan at element 3" \
-  train --data "$dir/nan.h5" --global-batch-size 256 --steps 1 --hidden 8 --threads 1
+# Failures inside the training loop on one rank need the job-wide failure path.
+# A NaN in the one float sample that rank 1 of 2 reads first: position 128 of epoch 0's
+# permutation of 256 samples (global batch 256, so rank 1 takes positions 128..255). The
+# permutation is recomputed here from its definition (io/loader.cpp's epoch_permutation over
+# core/rng.cpp: splitmix64, xoshiro256**, Lemire's bounded integers).
+bad=$("$PY" - "$dir/nan.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+M = (1 << 64) - 1
+def splitmix(state):
+    state = (state + 0x9e3779b97f4a7c15) & M
+    z = ((state ^ (state >> 30)) * 0xbf58476d1ce4e5b9) & M
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M
+    return state, z ^ (z >> 31)
+def rotl(x, k):
+    return ((x << k) | (x >> (64 - k))) & M
+class Xoshiro:
+    def __init__(self, seed):
+        self.s = []
+        for _ in range(4):
+            seed, z = splitmix(seed)
+            self.s.append(z)
+    def next(self):
+        s = self.s
+        out = (rotl((s[1] * 5) & M, 7) * 9) & M
+        t = (s[1] << 17) & M
+        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t
+        s[3] = rotl(s[3], 45)
+        return out
+    def below(self, n):  # Lemire's unbiased bounded integer
+        m = self.next() * n
+        if (m & M) < n:
+            threshold = ((1 << 64) - n) % n
+            while (m & M) < threshold:
+                m = self.next() * n
+        return m >> 64
+def permutation(seed, epoch, n):
+    s = seed ^ 0x5eed0fda7a ^ ((epoch * 0xd1b54a32d192ed03) & M)
+    s, _ = splitmix(s)
+    _, mixed = splitmix(s)
+    rng, p = Xoshiro(mixed), list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = rng.below(i + 1)
+        p[i], p[j] = p[j], p[i]
+    return p
+bad = permutation(42, 0, 256)[128]
+x = np.random.default_rng(0).random((256, 20), dtype=np.float32)
+x[bad, 3] = np.nan
+with h5py.File(sys.argv[1], 'w') as f:
+    f.attrs['format'] = 'ringtrain-dataset'
+    f.attrs['format_version'] = 1
+    f.attrs['num_classes'] = 4
+    f['images'] = x
+    f['labels'] = (np.arange(256) % 4).astype(np.int64)
+print(bad)
+PYEOF
+)
+run 2 1 "'$dir/nan.h5': sample $bad (row $bad of this file) holds nan at element 3" \
+  train --data "$dir/nan.h5" --seed 42 --global-batch-size 256 --steps 1 --hidden 8 --threads 1
 # --metrics on a full device: rank 0's first write fails, exit 2 naming the file.
 run 2 2 "writing --metrics '/dev/full' failed: No space left on device" \
   train --data "$DATA/train.h5" --steps 2 --hidden 8 --threads 1 --metrics /dev/full
