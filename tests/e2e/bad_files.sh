@@ -231,7 +231,7 @@ with h5py.File(sys.argv[1], 'w') as f:
 print(bad)
 PYEOF
 )
-run 2 1 "'$dir/nan.h5': sample $bad (row $bad of this file) holds nan at element 3" \
+run 2 1 "'$dir/nan.h5': sample $bad (row $bad of this file) holds nan at element 3; float images must be finite [rank 1 " \
   train --data "$dir/nan.h5" --seed 42 --global-batch-size 256 --steps 1 --hidden 8 --threads 1
 # --metrics on a full device: rank 0's first write fails, exit 2 naming the file.
 run 2 2 "writing --metrics '/dev/full' failed: No space left on device" \
