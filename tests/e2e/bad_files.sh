@@ -3,7 +3,8 @@
 # non-finite or impossible values, a directory of only damaged checkpoints, a locked
 # checkpoint directory, a dataset declaring 10^12 samples, a FIFO, a missing shard, IDX
 # headers that overflow, a model too large for the machine, NaN float images, h5py's
-# default string attributes and --metrics on /dev/full. Each error case checks the exit
+# default string attributes, --metrics on /dev/full and --tensorboard on a tmpfs that fills
+# up. Each error case checks the exit
 # code and that exactly one "ringtrain: error:" line names the file or value.
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
@@ -236,3 +237,23 @@ run 2 1 "'$dir/nan.h5': sample $bad (row $bad of this file) holds nan at element
 # --metrics on a full device: rank 0's first write fails, exit 2 naming the file.
 run 2 2 "writing --metrics '/dev/full' failed: No space left on device" \
   train --data "$DATA/train.h5" --steps 2 --hidden 8 --threads 1 --metrics /dev/full
+# --tensorboard on a file system that fills up during training (a tmpfs mounted here with
+# one free page): the write that does not fit ends the job with exit 2 naming the file.
+full=$dir/full
+mkdir -p "$full"
+if mount -t tmpfs -o size=256k tmpfs "$full" 2>"$dir/mount.err"; then
+  trap 'umount "$full" 2>/dev/null || true' EXIT
+  mkdir -p "$full/tb"
+  head -c 4096 /dev/zero >"$full/slack"
+  # Fill every other page; dd stops at ENOSPC, which is the point.
+  dd if=/dev/zero of="$full/fill" bs=4096 2>/dev/null || true
+  rm "$full/slack"
+  run 2 2 "--tensorboard file '$full/tb/events.out.tfevents." \
+    train --data "$DATA/train.h5" --steps 200 --log-every 1 --hidden 8 --threads 1 \
+    --tensorboard "$full/tb"
+  contains "No space left on device" <"$dir/err" || { cat "$dir/err"; fail "ENOSPC not named"; }
+  umount "$full"
+  trap - EXIT
+else
+  echo "SKIP: cannot mount a tmpfs here ($(cat "$dir/mount.err")): --tensorboard on a full disk not tested"
+fi
