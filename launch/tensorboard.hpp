@@ -25,10 +25,13 @@ class EventWriter {
   void scalar(const std::string& tag, int64_t step, double value);
   // A histogram of n fp32 values with TensorFlow's default exponential buckets.
   void histogram(const std::string& tag, int64_t step, const float* values, int64_t n);
+  // Each event is flushed as it is written; a failed write or flush (a full disk) throws
+  // (ErrorKind::runtime, exit 2) naming the file and the system's error text.
   void flush();
 
  private:
   void write_event(const std::string& event);
+  [[noreturn]] void fail(const char* doing);
   std::string path_;
   std::FILE* file_ = nullptr;
 };
