@@ -21,7 +21,8 @@ line that is just `...` stands for any number of lines.
 The blocks of one markdown file run in order, in one scratch directory (state carries
 from block to block, as for a reader who follows the page), which holds `data/train.h5`
 and `data/test.h5` copied from the e2e fixture's data, with `ringtrain` first on PATH.
-Commands run under bash with `set -o pipefail`; mpirun runs as root through the
+Commands run in one bash per page (a `cd` or a variable carries over), with
+`set -o pipefail`, stdin from /dev/null; mpirun runs as root through the
 OMPI_ALLOW_RUN_AS_ROOT variables; OMP_NUM_THREADS and RINGTRAIN_* are cleared.
 
 usage: run_doc_blocks.py --bin DIR --data DIR --work DIR [--show] FILE.md...
@@ -32,6 +33,7 @@ Exit 0 when every block passes; 1 otherwise, naming the file, line and differenc
 import argparse
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -126,11 +128,40 @@ def output_matches(want, got):
     return match(0, 0)
 
 
-def run(cmd, cwd, env, timeout):
-    p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout
+class Shell:
+    """One bash for all the blocks of a page, so `cd`, variables and functions carry over
+    from command to command as they do for a reader typing them. Each command's stdout and
+    stderr go to a file outside the scratch directory; bash's own stdout carries only the
+    exit status after each command."""
+
+    def __init__(self, cwd, env, outdir):
+        self.outdir, self.n = outdir, 0
+        self.p = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.send("set -o pipefail")
+
+    def send(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+
+    def run(self, cmd, timeout):
+        """(exit status, output) of cmd; raises TimeoutError."""
+        self.n += 1
+        out = os.path.join(self.outdir, f"out.{self.n}")
+        self.send(f"{{\n{cmd}\n}} >{out} 2>&1 </dev/null; echo \"@@doctest $?\"")
+        ready, _, _ = select.select([self.p.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(cmd)
+        line = self.p.stdout.readline()
+        if not line.startswith("@@doctest "):
+            raise RuntimeError(f"the shell ended while running `{cmd}`")
+        with open(out, errors="replace") as f:
+            return int(line.split()[1]), f.read()
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.kill()
+        self.p.wait()
 
 
 def main():
@@ -156,8 +187,12 @@ def main():
         scratch = os.path.join(args.work, os.path.basename(path).replace(".md", ""))
         shutil.rmtree(scratch, ignore_errors=True)
         os.makedirs(os.path.join(scratch, "data"))
+        scratch_out = scratch + ".out"  # the commands' output files, not seen by `ls`
+        shutil.rmtree(scratch_out, ignore_errors=True)
+        os.makedirs(scratch_out)
         for name in ("train.h5", "test.h5"):
             shutil.copy(os.path.join(args.data, name), os.path.join(scratch, "data", name))
+        shell = Shell(scratch, env, scratch_out)
         for b in blocks:
             where = f"{path}:{b.line}"
             ran += 1
@@ -167,7 +202,7 @@ def main():
                 print(f"ok: {where} wrote {b.options['file']}")
                 continue
             if "setup" in b.options:
-                rc, out = run(b.options["setup"], scratch, env, 600)
+                rc, out = shell.run(b.options["setup"], 600)
                 if rc != 0:
                     failures.append(f"{where}: setup '{b.options['setup']}' exited {rc}:\n{out}")
                     continue
@@ -182,9 +217,11 @@ def main():
             for n, (cmd, expected) in enumerate(commands):
                 last = n == len(commands) - 1
                 try:
-                    rc, out = run(cmd, scratch, env, 600)
-                except subprocess.TimeoutExpired:
+                    rc, out = shell.run(cmd, 600)
+                except TimeoutError:
                     failures.append(f"{where}: `{cmd}` ran past 600 s")
+                    shell.close()  # its state is lost: a fresh one for the next blocks
+                    shell = Shell(scratch, env, scratch_out)
                     break
                 got = out.splitlines()
                 if args.show:
@@ -200,6 +237,7 @@ def main():
                     break
             else:
                 print(f"ok: {where} ({len(commands)} command(s))")
+        shell.close()
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
     print(f"{ran} doc block(s) run, {len(failures)} failed")
