@@ -100,6 +100,14 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
 }
 
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) {
+  const char* usage =
+      "usage: ringtrain convert idx --images F --labels F --out PATH [--shards N]\n"
+      "  idx   MNIST-style IDX files (.gz or plain) to a ringtrain dataset\n"
+      "`ringtrain convert idx --help` lists its options.\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    if (comm.rank() == 0) std::cout << usage;
+    return 0;
+  }
   std::vector<std::string> rest = args;
   agree(comm, [&] {
     RT_REQUIRE(!rest.empty() && rest[0] == "idx",
@@ -112,9 +120,15 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
   agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
+    // Like `mkdir -p`: the README's first command writes data/train.h5 in a fresh directory.
     const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
-    RT_REQUIRE(parent.empty() || std::filesystem::is_directory(parent), "--out '", cfg.out,
-               "': directory '", parent.string(), "' does not exist");
+    if (!parent.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(parent, ec);
+      RT_REQUIRE(std::filesystem::is_directory(parent), "--out '", cfg.out, "': directory '",
+                 parent.string(), "' cannot be created",
+                 ec ? cat(" (", ec.message(), ")") : std::string());
+    }
     auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out, cfg.shards);
     const std::string where = r.files.size() == 1 ? r.files[0]
                                                   : cat(r.files.front(), " ... ", r.files.back(),
@@ -171,11 +185,23 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
 }  // namespace
 
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) {
+  const char* usage =
+      "usage: ringtrain inspect FILE.h5\n"
+      "  prints what a dataset or checkpoint holds (attributes, datasets, dtypes, shapes);\n"
+      "  for a checkpoint, also whether it is valid (exit 1 when it is not).\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    if (comm.rank() == 0) std::cout << usage;
+    return 0;
+  }
   bool valid = true;
   agree(comm, [&] {
-    RT_REQUIRE(args.size() == 1 && args[0] != "--help" && args[0] != "-h",
-               "usage: ringtrain inspect FILE.h5 (a dataset or a checkpoint)");
+    RT_REQUIRE(args.size() == 1,
+               "ringtrain inspect: expected one file (usage: ringtrain inspect FILE.h5)");
     if (comm.rank() != 0) return;
+    std::error_code ec;  // a FIFO or device would block HDF5's open: refuse it first
+    const auto st = std::filesystem::status(args[0], ec);
+    RT_REQUIRE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
+               "ringtrain inspect: '", args[0], "' is not a regular file; expected an HDF5 file");
     io::H5Id f = io::open_file_readonly(args[0], "file");
     auto format = io::read_attr_string(f, "format");
     std::printf("%s: %s, %llu bytes\n", args[0].c_str(),

@@ -1,5 +1,6 @@
 // The settings of each subcommand, filled from the command line and the --config INI file
-// by options.cpp (the option names are the CLI contract of design.md).
+// by options.cpp (the option names are the CLI contract of design.md). The initialisers
+// below are the defaults: the option table reads them, and --help prints them.
 #pragma once
 
 #include <cstdint>

@@ -166,8 +166,7 @@ void Trainer::setup() {
   progress_bar_ = cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
                                              !std::getenv("OMPI_COMM_WORLD_SIZE"));
   if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
-    std::ofstream probe(cfg_.timeline);  // fail now, not after training
-    RT_REQUIRE(probe, "--timeline '", cfg_.timeline, "' cannot be created");
+    check_timeline_path(cfg_.timeline);  // fail now, not after training
   }
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
