@@ -15,10 +15,10 @@ usage: tools/netns-cluster.sh up|down|status|check [options]
   up       create (or update) K nodes: network namespaces PREFIX0 ... PREFIX(K-1), each
            with loopback up and eth0 = one end of a veth pair whose other end is on the
            bridge PREFIXbr; node i has address SUBNET.(i+1)/24 and, in every command run
-           through `exec` or tools/netns-rsh, the hostname PREFIXi (a UTS namespace).
+           through `exec` or tools/netns-rsh, the hostname PREFIXi (a UTS namespace) and
+           an /etc/hosts that names every node (a private mount namespace).
            The bridge itself has SUBNET.254, so that daemons of this (root) namespace,
-           e.g. mpirun or slurmctld, reach the nodes. /etc/netns/PREFIXi/hosts names
-           every node inside the namespaces (ip netns exec mounts it over /etc/hosts).
+           e.g. mpirun or slurmctld, reach the nodes.
            Running `up` again changes the link rate and adds missing nodes.
   down     remove every namespace, veth, bridge and hosts file of PREFIX (also what a
            failed `up` left); kills the processes still running inside the namespaces
@@ -241,10 +241,15 @@ status() {
 
 run_exec() {
   local node=${exec_args[0]}
-  existing_nodes | grep -qx "$node" || die "no emulated node '$node' (tools/netns-cluster.sh status lists them)" 1
-  # A fresh UTS namespace per command, named after the node.
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$node" ||
+    die "no emulated node '$node' (tools/netns-cluster.sh status lists them)" 1
+  # The node's network namespace only (nsenter, not `ip netns exec`, which would also mount
+  # a sysfs of its own and hide the cgroup file systems slurmd needs), plus a private mount
+  # namespace for the node's /etc/hosts and a fresh UTS namespace named after the node.
   # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
-  exec ip netns exec "$node" unshare --uts sh -c 'hostname "$0" && exec "$@"' "${exec_args[@]}"
+  exec nsenter --net="/run/netns/$node" unshare --mount --uts sh -c '
+    if [ -f "/etc/netns/$0/hosts" ]; then mount --bind "/etc/netns/$0/hosts" /etc/hosts; fi
+    hostname "$0" && exec "$@"' "${exec_args[@]}"
 }
 
 set_link() {
