@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 
@@ -153,6 +154,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
     for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    maybe_inject_fault("save", m.step);  // between collective writes
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
     H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
@@ -177,7 +179,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       w.per_rank(f, p.name, p.tensor);
     }
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
-  }  // collective close: the file is complete on every rank's side
+  }  // collective close: the file is complete on every rank's side (on an error, the
+     // handles stay open: see H5Id)
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
   if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)

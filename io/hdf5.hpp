@@ -53,7 +53,10 @@ class H5Id {
   }
   H5Id(const H5Id&) = delete;
   H5Id& operator=(const H5Id&) = delete;
-  ~H5Id() { reset(); }
+  // While an exception unwinds, an object of a file opened with MPI-IO is left open rather
+  // than closed: closing it is collective, and the other ranks are not closing it; the job
+  // then ends through launch::fail_job (MPI_Abort), which closes nothing.
+  ~H5Id();
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
   void reset();
