@@ -3,7 +3,7 @@
 # bridge, each with its own address, hostname and (optionally) a bandwidth-shaped link, so
 # that Open MPI and Slurm run across real separate network stacks (ctest label `multinode`,
 # docs/launching.md#emulated-nodes). All traffic stays inside the bridge of this machine.
-#   tools/netns-cluster.sh up|down|status|exec|check [NODE CMD...] [--nodes K] [--link-rate R]
+#   tools/netns-cluster.sh up|down|status|exec|link|check ... [--nodes K] [--link-rate R]
 set -euo pipefail
 
 usage() {
@@ -32,6 +32,9 @@ options
   --nodes K        number of nodes for `up` (default 2)
   --link-rate R    shape each node's link to R in each direction with tc's tbf qdisc
                    (tc rate units: 1gbit, 10gbit, 500mbit; `none`, the default, removes it)
+  --tcp-retries N  net.ipv4.tcp_retries2 inside every node (default: the kernel's, 15,
+                   which keeps retransmitting to a vanished peer for about 15 minutes; 5
+                   gives up after about 12 s, so that a job whose node is cut off ends)
   --prefix NAME    node and interface name prefix (default rtnode; at most 9 characters)
   --subnet A.B.C   the /24 the nodes live on (default 10.77.0: a private range)
 
@@ -57,6 +60,7 @@ cmd=${1:-}
 shift
 nodes=2
 rate=none
+tcp_retries=""
 prefix=${RINGTRAIN_NETNS_PREFIX:-rtnode}
 subnet=${RINGTRAIN_NETNS_SUBNET:-10.77.0}
 exec_args=()
@@ -73,6 +77,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --nodes) [[ $# -ge 2 ]] || bad "--nodes needs a value"; nodes=$2; shift 2 ;;
     --link-rate) [[ $# -ge 2 ]] || bad "--link-rate needs a value"; rate=$2; shift 2 ;;
+    --tcp-retries) [[ $# -ge 2 ]] || bad "--tcp-retries needs a value"; tcp_retries=$2; shift 2 ;;
     --prefix) [[ $# -ge 2 ]] || bad "--prefix needs a value"; prefix=$2; shift 2 ;;
     --subnet) [[ $# -ge 2 ]] || bad "--subnet needs a value"; subnet=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -89,6 +94,9 @@ fi
 if [[ "$rate" != none ]]; then
   [[ "$rate" =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] ||
     bad "--link-rate '$rate': expected a tc rate such as 1gbit, 10gbit or 500mbit, or none"
+fi
+if [[ -n "$tcp_retries" ]] && { ! [[ "$tcp_retries" =~ ^[0-9]+$ ]] || ((tcp_retries < 1 || tcp_retries > 15)); }; then
+  bad "--tcp-retries '$tcp_retries': expected a whole number from 1 to 15"
 fi
 bridge=${prefix}br
 
@@ -187,6 +195,9 @@ up() {
     ip link set "$host" up
     ip -n "$ns" addr replace "$subnet.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
+    if [[ -n "$tcp_retries" ]]; then
+      ip netns exec "$ns" sh -c "echo $tcp_retries >/proc/sys/net/ipv4/tcp_retries2"
+    fi
     shape "$host"              # traffic into the node
     shape eth0 ip netns exec "$ns"  # traffic out of it
     mkdir -p "/etc/netns/$ns"
@@ -228,13 +239,14 @@ down() {
 }
 
 status() {
-  local ns n=0 addr state qdisc
+  local ns n=0 addr state qdisc retries
   for ns in $(existing_nodes); do
     n=$((n + 1))
     addr=$(ip -n "$ns" -o -4 addr show dev eth0 2>/dev/null | awk '{print $4}')
     state=$(ip -n "$ns" -o link show dev eth0 2>/dev/null | grep -o 'state [A-Z]*' | cut -d' ' -f2 || true)
     qdisc=$(ip netns exec "$ns" tc qdisc show dev eth0 2>/dev/null | grep -o 'tbf .*rate [^ ]*' | sed 's/.*rate /tbf /' || true)
-    echo "$ns ${addr:-no-address} link=${state:-missing} shaping=${qdisc:-none} processes=$(ip netns pids "$ns" | wc -l)"
+    retries=$(ip netns exec "$ns" cat /proc/sys/net/ipv4/tcp_retries2 2>/dev/null || echo '?')
+    echo "$ns ${addr:-no-address} link=${state:-missing} shaping=${qdisc:-none} tcp_retries2=$retries processes=$(ip netns pids "$ns" | wc -l)"
   done
   ((n > 0)) || { echo "netns-cluster: no nodes of ${prefix}"; return 1; }
 }

@@ -55,6 +55,8 @@ write_hostfile() {
 # remote daemons started through tools/netns-rsh, TCP between nodes on the bridge's subnet.
 # --bind-to none: every emulated node sees the same cores, and each would bind its first
 # rank to core 0. The remote ranks get a login's environment: pass variables with -x.
+# Keepalives on the daemons' connections: mpirun notices a node it cannot reach within
+# about 16 s (Open MPI's default: 480 s) while the job is quiet.
 mn_mpirun() {
   local per=$1
   shift
@@ -63,6 +65,7 @@ mn_mpirun() {
     --hostfile "$HOSTFILE" --map-by "ppr:$per:node" --bind-to none \
     --mca plm_rsh_agent "$SRC/tools/netns-rsh" \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" \
+    --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
     -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x OMPI_MCA_rmaps_base_oversubscribe "$@"
 }
 
