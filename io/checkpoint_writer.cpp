@@ -126,6 +126,15 @@ void ensure_parents(hid_t file, const std::string& path) {
   }
 }
 
+// "; the file system holding DIR is full (12 KiB free)" when it nearly is, else "".
+std::string space_note(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return "";
+  const uint64_t free_bytes = uint64_t(st.f_bavail) * st.f_frsize;
+  if (free_bytes >= (4u << 20)) return "";
+  return cat("; the file system holding '", dir, "' is full (", free_bytes / 1024, " KiB free)");
+}
+
 }  // namespace
 
 uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
@@ -137,7 +146,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
-  {
+  try {
+    CollectiveFileScope collective;  // destroyed last: the handles below are inside it
     Writer w(comm);
     H5Id f = w.create(tmp);
     write_attr(f, "format", std::string(kCheckpointFormat));
@@ -179,8 +189,12 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       w.per_rank(f, p.name, p.tensor);
     }
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
-  }  // collective close: the file is complete on every rank's side (on an error, the
-     // handles stay open: see H5Id)
+    // Leaving the block closes the file collectively: complete on every rank's side. On an
+    // error the handles stay open (see H5Id) and the job ends from this rank.
+  } catch (const Error& e) {
+    throw Error(ErrorKind::runtime,
+                cat("saving checkpoint '", tmp, "' failed", space_note(dir()), ": ", e.what()));
+  }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
   if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)

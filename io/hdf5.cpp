@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 
 namespace ringtrain::io {
@@ -31,29 +30,6 @@ std::recursive_mutex& hdf5_mutex() {
 }
 
 void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-namespace {
-
-// Whether `id` (a file, group, dataset, ...) belongs to a file opened with the MPI-IO driver.
-bool in_parallel_file(hid_t id) {
-  const hid_t file = H5Iget_file_id(id);
-  if (file < 0) return false;
-  const hid_t fapl = H5Fget_access_plist(file);
-  const bool mpio = fapl >= 0 && H5Pget_driver(fapl) == H5FD_MPIO;
-  if (fapl >= 0) H5Pclose(fapl);
-  H5Fclose(file);
-  return mpio;
-}
-
-}  // namespace
-
-H5Id::~H5Id() {
-  if (id_ >= 0 && std::uncaught_exceptions() > 0) {
-    H5Lock lock;
-    if (in_parallel_file(id_)) return;
-  }
-  reset();
-}
 
 void H5Id::reset() {
   if (id_ < 0) return;

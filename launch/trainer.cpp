@@ -193,8 +193,7 @@ void Trainer::make_reducer() {
     // after the backward kernels that wrote the bucket and before the collective reads it.
     wire_backend_ = make_backend(device_, 1, cfg_.gpu_memory);
     rc.cast = [this](const Tensor& src, const Tensor& dst) {
-      kernels::cuda::synchronize(device_.index);  // also makes the device this thread's
-      wire_backend_->cast(src, dst);
+      kernels::cuda::queue_cast(*wire_backend_, device_.index, src, dst);  // stream-ordered
     };
   }
   // The communication thread and the stall watch call MPI beside the main thread.
@@ -536,8 +535,7 @@ int Trainer::run() {
 }
 
 void Trainer::finish_timeline() {
-  std::string path;
-  agree(comm_, [&] { path = timeline_.write(comm_.mpi()); });
+  const std::string path = timeline_.write(comm_.mpi());  // collective: not under agree()
   if (!path.empty()) say(cat("timeline of steps ", cfg_.timeline_steps, " written to ", path));
 }
 
