@@ -37,6 +37,8 @@ options
                    gives up after about 12 s, so that a job whose node is cut off ends)
   --prefix NAME    node and interface name prefix (default rtnode; at most 9 characters)
   --subnet A.B.C   the /24 the nodes live on (default 10.77.0: a private range)
+The defaults of --prefix and --subnet can also come from RINGTRAIN_NETNS_PREFIX and
+RINGTRAIN_NETNS_SUBNET (slurm/local-cluster.sh --netns and the harness read them too).
 
 Exit codes: 0 done, 1 bad usage, 2 a command failed, 4 namespaces cannot be created here
 (not root, no `ip`, or the kernel refuses; the multinode tests then skip).
