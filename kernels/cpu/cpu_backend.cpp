@@ -1,5 +1,6 @@
-// CPU backend: GEMM through OpenBLAS (16-bit inputs widened to fp32, fp32 accumulation, one
-// rounding of the result), elementwise and reduction kernels as OpenMP loops.
+// CPU backend: GEMM through oneDNN or OpenBLAS (fp32 accumulation, one rounding of the
+// result; 16-bit inputs native where oneDNN has kernels, else widened to fp32), the backend's
+// environment settings, elementwise and reduction kernels as OpenMP loops.
 #include "kernels/cpu/cpu_backend.hpp"
 
 #include <cblas.h>
@@ -7,6 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 
 #include "kernels/cpu/elem.hpp"
 
@@ -16,6 +20,25 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<cpu::CpuBackend>(threads);
 }
 
+std::string describe_cpu_gemm() {
+  using namespace cpu;
+  const CpuFeatures& f = host_features();
+  const std::string core = openblas_core();
+  const GemmChoice choice = choose_gemm_provider(f, core, gemm_setting_from_env());
+  std::string s = cat("cpu isa ", isa_name(f), ", GEMM ");
+  if (choice.provider == GemmProvider::onednn) {
+    OneDnnMatmul mm;
+    s += cat(onednn_description(), " (", choice.reason, "), bf16 ",
+             mm.supports(DType::bf16, DType::bf16) ? "native" : "widened", ", fp16 ",
+             mm.supports(DType::f16, DType::f16) ? "native" : "widened");
+  } else {
+    s += cat("OpenBLAS (", choice.reason, "), bf16 and fp16 widened");
+  }
+  return cat(s, ", OpenBLAS core ", core,
+             openblas_core_is_weak(f, core) ? cat(" (below ", isa_level_name(isa_level(f)), ")")
+                                            : std::string());
+}
+
 std::string blas_version() {
   std::string cfg = openblas_get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
@@ -23,6 +46,35 @@ std::string blas_version() {
 }
 
 namespace cpu {
+
+// The CPU backend's environment settings, read when a backend is made (so a bad value is a
+// setup error, exit 1, before any step):
+//   RINGTRAIN_GEMM  auto (default) | onednn | openblas: the GEMM provider; auto chooses by
+//                   the CPU's features (choose_gemm_provider in cpu_features.cpp)
+//   RINGTRAIN_CONV  onednn (default) | im2col: oneDNN's convolutions, or im2col + the BLAS
+CpuOptions CpuOptions::from_env() {
+  CpuOptions o;
+  const CpuFeatures& f = host_features();
+  const std::string core = openblas_core();
+  o.gemm = choose_gemm_provider(f, core, gemm_setting_from_env()).provider;
+  const char* conv = std::getenv("RINGTRAIN_CONV");
+  const std::string c = conv ? conv : "onednn";
+  RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,
+             "' is not valid; expected onednn or im2col");
+  o.conv_onednn = c == "onednn";
+  // Once per process: OpenBLAS will run GEMMs with kernels below what this CPU has.
+  if ((o.gemm == GemmProvider::openblas || !o.conv_onednn) && openblas_core_is_weak(f, core)) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "ringtrain: warning: OpenBLAS runs its %s kernels on a CPU with %s (isa %s): "
+                   "its GEMMs run at a fraction of this CPU's speed; RINGTRAIN_GEMM=auto and "
+                   "RINGTRAIN_CONV=onednn use oneDNN instead\n",
+                   core.c_str(), isa_level_name(isa_level(f)), isa_name(f).c_str());
+    });
+  }
+  return o;
+}
 
 void CpuBackend::set_threads(int n) {
   RT_REQUIRE(n >= 1, "--threads ", n, " is not valid; expected a positive number of threads");
@@ -38,6 +90,26 @@ const float* CpuBackend::as_f32(const Tensor& t, std::vector<float>& scratch) {
   return scratch.data();
 }
 
+OneDnnMatmul& CpuBackend::matmul() {
+  if (!matmul_) matmul_ = std::make_unique<OneDnnMatmul>();
+  return *matmul_;
+}
+
+bool CpuBackend::native(DType in) {
+  return opts_.native16 && (in == DType::bf16 || in == DType::f16) && matmul().supports(in, in) &&
+         matmul().supports(in, DType::f32);
+}
+
+DType CpuBackend::compute_dtype(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && native(a.dtype) ? a.dtype : DType::f32;
+}
+
+const void* CpuBackend::as_dtype(const Tensor& t, DType want, std::vector<float>& scratch) {
+  if (t.dtype == want) return t.data;
+  RT_CHECK(want == DType::f32, "no conversion of ", dtype_name(t.dtype), " to ", dtype_name(want));
+  return as_f32(t, scratch);
+}
+
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
   RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
@@ -48,6 +120,22 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
   RT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm shapes do not match: a ",
            shape_str(a.shape), (trans_a ? "^T" : ""), " b ", shape_str(b.shape),
            (trans_b ? "^T" : ""), " c ", shape_str(c.shape));
+  if (opts_.gemm == GemmProvider::onednn) {
+    const DType in = compute_dtype(a, b);
+    // The result straight into c when oneDNN writes c's dtype from these inputs (fp32 or the
+    // inputs' own 16-bit dtype), else through an fp32 scratch rounded once afterwards.
+    const bool direct = c.dtype == DType::f32 || (c.dtype == in && in != DType::f32);
+    void* pc = c.data;
+    if (!direct) {
+      scratch_c_.resize(size_t(c.numel()));
+      pc = scratch_c_.data();
+      if (beta != 0.f) to_f32(c.data, c.dtype, scratch_c_.data(), c.numel(), threads_);
+    }
+    matmul().run(trans_a, trans_b, m, n, k, alpha, as_dtype(a, in, scratch_a_),
+                 as_dtype(b, in, scratch_b_), in, beta, pc, direct ? c.dtype : DType::f32);
+    if (!direct) from_f32(scratch_c_.data(), c.data, c.dtype, c.numel(), threads_);
+    return;
+  }
   const float* pa = as_f32(a, scratch_a_);
   const float* pb = as_f32(b, scratch_b_);
   float* pc;
