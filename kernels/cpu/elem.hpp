@@ -55,5 +55,8 @@ constexpr int64_t kParallelMin = 1 << 15;
 void to_f32(const void* src, DType t, float* dst, int64_t n, int threads);
 // dst[i] = round_nearest_even(src[i]) into dtype t.
 void from_f32(const float* src, void* dst, DType t, int64_t n, int threads);
+// Which fp32 -> bf16 code from_f32 runs on this CPU: "avx512_bf16" (VCVTNE2PS2BF16),
+// "avx512f" (integer rounding, 16 lanes) or "scalar".
+const char* bf16_conversion_path();
 
 }  // namespace ringtrain::kernels::cpu
