@@ -202,8 +202,8 @@ void host_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 std::string blas_version();
 // How the CPU backend computes on this machine, one line for the start-up line and --version:
 // "cpu isa avx512_core_fp16, GEMM oneDNN (auto: OpenBLAS core Prescott is below avx512),
-// bf16 native, fp16 widened, OpenBLAS core Prescott (below avx512)". Reads RINGTRAIN_GEMM
-// (an input error when it is not valid).
+// bf16 widened (auto: no AMX), fp16 widened (no oneDNN kernels), OpenBLAS core Prescott
+// (below avx512)". Reads RINGTRAIN_GEMM and RINGTRAIN_CPU_BF16 (an input error when not valid).
 std::string describe_cpu_gemm();
 
 }  // namespace ringtrain::kernels

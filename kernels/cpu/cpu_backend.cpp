@@ -28,9 +28,16 @@ std::string describe_cpu_gemm() {
   std::string s = cat("cpu isa ", isa_name(f), ", GEMM ");
   if (choice.provider == GemmProvider::onednn) {
     OneDnnMatmul mm;
-    s += cat(onednn_description(), " (", choice.reason, "), bf16 ",
-             mm.supports(DType::bf16, DType::bf16) ? "native" : "widened", ", fp16 ",
-             mm.supports(DType::f16, DType::f16) ? "native" : "widened");
+    const Bf16Setting setting = bf16_setting_from_env();
+    const bool native = choose_native16(f, setting);
+    auto path = [&](DType t) -> std::string {
+      if (!mm.supports(t, t)) return "widened (no oneDNN kernels)";
+      if (native) return "native";
+      return setting == Bf16Setting::widen ? "widened (RINGTRAIN_CPU_BF16=widen)"
+                                           : "widened (auto: no AMX)";
+    };
+    s += cat(onednn_description(), " (", choice.reason, "), bf16 ", path(DType::bf16), ", fp16 ",
+             path(DType::f16));
   } else {
     s += cat("OpenBLAS (", choice.reason, "), bf16 and fp16 widened");
   }
@@ -52,11 +59,14 @@ namespace cpu {
 //   RINGTRAIN_GEMM  auto (default) | onednn | openblas: the GEMM provider; auto chooses by
 //                   the CPU's features (choose_gemm_provider in cpu_features.cpp)
 //   RINGTRAIN_CONV  onednn (default) | im2col: oneDNN's convolutions, or im2col + the BLAS
+//   RINGTRAIN_CPU_BF16  auto (default) | native | widen: 16-bit GEMMs and convolutions on
+//                   the 16-bit inputs, or widened to fp32 (choose_native16)
 CpuOptions CpuOptions::from_env() {
   CpuOptions o;
   const CpuFeatures& f = host_features();
   const std::string core = openblas_core();
   o.gemm = choose_gemm_provider(f, core, gemm_setting_from_env()).provider;
+  o.native16 = choose_native16(f, bf16_setting_from_env());
   const char* conv = std::getenv("RINGTRAIN_CONV");
   const std::string c = conv ? conv : "onednn";
   RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,

@@ -164,6 +164,23 @@ GemmSetting parse_gemm_setting(const char* value) {
 
 GemmSetting gemm_setting_from_env() { return parse_gemm_setting(std::getenv("RINGTRAIN_GEMM")); }
 
+Bf16Setting parse_bf16_setting(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "auto") return Bf16Setting::automatic;
+  if (v == "native") return Bf16Setting::native;
+  if (v == "widen") return Bf16Setting::widen;
+  throw_input(cat("RINGTRAIN_CPU_BF16='", v, "' is not valid; expected auto, native or widen"));
+}
+
+Bf16Setting bf16_setting_from_env() {
+  return parse_bf16_setting(std::getenv("RINGTRAIN_CPU_BF16"));
+}
+
+bool choose_native16(const CpuFeatures& f, Bf16Setting setting) {
+  if (setting != Bf16Setting::automatic) return setting == Bf16Setting::native;
+  return f.amx_tile && f.amx_bf16;
+}
+
 bool openblas_core_is_weak(const CpuFeatures& f, std::string_view openblas_core) {
   return openblas_core_level(openblas_core) < isa_level(f);
 }

@@ -60,6 +60,19 @@ struct GemmChoice {
 GemmChoice choose_gemm_provider(const CpuFeatures& f, std::string_view openblas_core,
                                 GemmSetting setting);
 
+// RINGTRAIN_CPU_BF16: auto (default), native (bf16 GEMMs and convolutions on the bf16
+// inputs wherever oneDNN has kernels) or widen (always widened to fp32 first).
+enum class Bf16Setting { automatic, native, widen };
+Bf16Setting parse_bf16_setting(const char* value);  // null or empty = auto; input error
+Bf16Setting bf16_setting_from_env();
+// Whether 16-bit GEMMs and convolutions run on their 16-bit inputs (where oneDNN has kernels)
+// rather than widened to fp32. auto: only with AMX-BF16, whose tile kernels multiply bf16
+// many times faster than fp32. AVX512-BF16 alone is not enough: VDPBF16PS does 32
+// multiply-adds per instruction at one per cycle, the rate of two 16-lane fp32 FMAs, and
+// oneDNN 2.6's bf16 kernels measure at 0.55-0.7x of its fp32 ones on such a CPU
+// (docs/benchmarks.md), so widening to fp32 is faster there.
+bool choose_native16(const CpuFeatures& f, Bf16Setting setting);
+
 // True when OpenBLAS runs kernels for a lower ISA than the CPU has (e.g. Prescott on an
 // AVX-512 CPU): its SGEMM then runs at a fraction of what the CPU can do.
 bool openblas_core_is_weak(const CpuFeatures& f, std::string_view openblas_core);

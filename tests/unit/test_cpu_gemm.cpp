@@ -144,6 +144,23 @@ TEST(GemmChoice, ParsesTheSetting) {
   }
 }
 
+TEST(Native16Choice, OnlyAmxMakesBf16NativeByDefault) {
+  using kernels::cpu::Bf16Setting;
+  using kernels::cpu::choose_native16;
+  EXPECT_FALSE(choose_native16(avx512_fp16_cpu(), Bf16Setting::automatic));  // AVX512-BF16 alone
+  EXPECT_FALSE(choose_native16(avx2_cpu(), Bf16Setting::automatic));
+  CpuFeatures amx = avx512_fp16_cpu();
+  amx.amx_tile = amx.amx_bf16 = true;
+  EXPECT_TRUE(choose_native16(amx, Bf16Setting::automatic));
+  EXPECT_TRUE(choose_native16(avx512_fp16_cpu(), Bf16Setting::native));
+  EXPECT_FALSE(choose_native16(amx, Bf16Setting::widen));
+  using kernels::cpu::parse_bf16_setting;
+  EXPECT_EQ(parse_bf16_setting(nullptr), Bf16Setting::automatic);
+  EXPECT_EQ(parse_bf16_setting("native"), Bf16Setting::native);
+  EXPECT_EQ(parse_bf16_setting("widen"), Bf16Setting::widen);
+  EXPECT_TRUE(throws_kind([] { parse_bf16_setting("fast"); }, ErrorKind::input));
+}
+
 TEST(CpuFeaturesDetect, AgreesWithTheCompiler) {
   const CpuFeatures f = kernels::cpu::detect_cpu_features();
   EXPECT_EQ(f.avx2, bool(__builtin_cpu_supports("avx2")));
