@@ -235,6 +235,17 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
     for (int64_t i = 0; i < n; ++i) px[i] = py[i] > 0.f ? pd[i] : 0.f;
     return;
   }
+  if (y.dtype == dy.dtype && (y.dtype == DType::bf16 || y.dtype == DType::f16)) {
+    // 16-bit, on the bit patterns (a loop that vectorises): y > 0 exactly when the pattern
+    // is in [1, +inf] (sign clear, not zero, not nan).
+    const uint16_t pos_inf = y.dtype == DType::bf16 ? 0x7f80u : 0x7c00u;
+    const auto* py = y.as<uint16_t>();
+    const auto* pd = dy.as<uint16_t>();
+    auto* px = dx.as<uint16_t>();
+#pragma omp parallel for simd num_threads(threads_) if (threads_ > 1 && n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) px[i] = uint16_t(py[i] - 1u) < pos_inf ? pd[i] : uint16_t(0);
+    return;
+  }
   dispatch_float(y.dtype, [&](auto Y) {
     using EY = decltype(Y);
     dispatch_float(dy.dtype, [&](auto D) {

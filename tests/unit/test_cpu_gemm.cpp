@@ -4,7 +4,8 @@
 //  - oneDNN's fp32 GEMM against OpenBLAS's, and native bf16 GEMMs and convolutions against
 //    the widening path (the reference) on every GEMM and convolution shape of the shipped
 //    models (mlp 784-512-256-10, cnn, resnet with its default width 16);
-//  - the native fp32 -> bf16 conversion (VCVTNE2PS2BF16) against the scalar code, bit for bit.
+//  - the native fp32 -> bf16 conversion (VCVTNE2PS2BF16) against the scalar code, bit for bit,
+//    and the 16-bit ReLU gradient on bit patterns against its definition.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -387,6 +388,25 @@ TEST(Bf16Conversion, NativeInstructionMatchesScalarBitForBit) {
   for (size_t i = 0; i < src.size(); ++i)
     ASSERT_EQ(test::hex(float_to_bf16(src[i]), 4), test::hex(dst[i], 4))
         << "at index " << i << ", fp32 " << test::hex(pats[i]);
+}
+
+// The 16-bit relu_backward works on bit patterns; it must equal the definition (dy where
+// float(y) > 0, else +0) for every pattern of y: zeros, denormals, inf and nan included.
+TEST(Relu16, BackwardMatchesDefinitionOnEveryPattern) {
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t n = 65536;
+    std::vector<uint16_t> y(n), dy(n), dx(n, 0xdeadu);
+    for (int64_t i = 0; i < n; ++i) y[size_t(i)] = uint16_t(i), dy[size_t(i)] = uint16_t(i * 7 + 3);
+    auto be = backend(GemmProvider::onednn, false);
+    be.relu_backward(Tensor(y.data(), {n}, t), Tensor(dy.data(), {n}, t),
+                     Tensor(dx.data(), {n}, t));
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = t == DType::bf16 ? bf16_to_float(y[size_t(i)]) : half_to_float(y[size_t(i)]);
+      ASSERT_EQ(test::hex(v > 0.f ? dy[size_t(i)] : 0u, 4), test::hex(dx[size_t(i)], 4))
+          << "y pattern " << test::hex(y[size_t(i)], 4);
+    }
+  }
 }
 
 }  // namespace
