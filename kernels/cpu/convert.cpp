@@ -115,21 +115,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void f32_to_bf16_native(c
   f32_to_bf16_avx512(s + i, d + i, n - i);
 }
 
-template <typename Body>
-void parallel_chunks(int64_t n, int threads, Body body) {
-  constexpr int64_t kChunk = 1 << 14;
-  if (threads <= 1 || n < kParallelMin) {
-    body(0, n);
-    return;
-  }
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    int64_t lo = c * kChunk, hi = lo + kChunk < n ? lo + kChunk : n;
-    body(lo, hi);
-  }
-}
-
 }  // namespace
 
 void to_f32(const void* src, DType t, float* dst, int64_t n, int threads) {

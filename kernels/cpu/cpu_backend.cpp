@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -242,8 +243,13 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
     const auto* py = y.as<uint16_t>();
     const auto* pd = dy.as<uint16_t>();
     auto* px = dx.as<uint16_t>();
-#pragma omp parallel for simd num_threads(threads_) if (threads_ > 1 && n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) px[i] = uint16_t(py[i] - 1u) < pos_inf ? pd[i] : uint16_t(0);
+    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) {
+        const uint16_t keep = uint16_t(0) - uint16_t(uint16_t(py[i] - 1u) < pos_inf);  // all ones
+        px[i] = pd[i] & keep;
+      }
+    });
     return;
   }
   dispatch_float(y.dtype, [&](auto Y) {
@@ -299,6 +305,24 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   const int64_t n = in.numel();
   float* po = out.as<float>();
   int bad = 0;
+  if (in.dtype == DType::bf16) {  // bf16 widens by a shift: a loop that vectorises
+    const auto* pi = in.as<uint16_t>();
+    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
+      uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t i = lo; i < hi; ++i) {
+        const float v = std::bit_cast<float>(uint32_t(pi[i]) << 16) * factor;
+        // inf or nan: all exponent bits set (the test of std::isfinite, on the bits)
+        any |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+        po[i] = v;
+      }
+      if (any) {
+#pragma omp atomic write
+        bad = 1;
+      }
+    });
+    return bad != 0;
+  }
   dispatch_float(in.dtype, [&](auto X) {
     using E = decltype(X);
     const auto* pi = in.as<typename E::storage>();

@@ -5,7 +5,7 @@
 //    the widening path (the reference) on every GEMM and convolution shape of the shipped
 //    models (mlp 784-512-256-10, cnn, resnet with its default width 16);
 //  - the native fp32 -> bf16 conversion (VCVTNE2PS2BF16) against the scalar code, bit for bit,
-//    and the 16-bit ReLU gradient on bit patterns against its definition.
+//    and the 16-bit ReLU gradient and bf16 unscale on bit patterns against their definitions.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -407,6 +407,39 @@ TEST(Relu16, BackwardMatchesDefinitionOnEveryPattern) {
           << "y pattern " << test::hex(y[size_t(i)], 4);
     }
   }
+}
+
+// The bf16 unscale_check works on bit patterns too: every pattern times a factor, against
+// the definition; the flag is set by any inf or nan (including one the product creates)
+// and only then.
+TEST(Unscale16, Bf16MatchesDefinitionOnEveryPattern) {
+  auto be = backend(GemmProvider::onednn, false);
+  const int64_t n = 65536;
+  std::vector<uint16_t> in(n);
+  for (int64_t i = 0; i < n; ++i) in[size_t(i)] = uint16_t(i);
+  for (float factor : {1.f / 65536, 3.f, 1e30f}) {
+    SCOPED_TRACE(factor);
+    std::vector<float> out(n);
+    const bool bad = be.unscale_check(Tensor(in.data(), {n}, DType::bf16), factor,
+                                      Tensor(out.data(), {n}, DType::f32));
+    EXPECT_TRUE(bad);  // the patterns include inf and nan
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = bf16_to_float(in[size_t(i)]) * factor;
+      ASSERT_EQ(test::hex(std::bit_cast<uint32_t>(want)),
+                test::hex(std::bit_cast<uint32_t>(out[i])))
+          << "pattern " << test::hex(in[size_t(i)], 4);
+    }
+  }
+  // Finite values only: no flag unless the factor overflows one of them.
+  std::vector<uint16_t> fin;
+  for (int64_t i = 0; i < n; ++i)
+    if ((i & 0x7f80) != 0x7f80) fin.push_back(uint16_t(i));
+  const int64_t m = int64_t(fin.size());
+  std::vector<float> out(static_cast<size_t>(m));
+  EXPECT_FALSE(be.unscale_check(Tensor(fin.data(), {m}, DType::bf16), 0.5f,
+                                Tensor(out.data(), {m}, DType::f32)));
+  EXPECT_TRUE(be.unscale_check(Tensor(fin.data(), {m}, DType::bf16), 1e30f,
+                               Tensor(out.data(), {m}, DType::f32)));
 }
 
 }  // namespace
