@@ -203,7 +203,8 @@ std::string blas_version();
 // How the CPU backend computes on this machine, one line for the start-up line and --version:
 // "cpu isa avx512_core_fp16, GEMM oneDNN (auto: OpenBLAS core Prescott is below avx512),
 // bf16 widened (auto: no AMX), fp16 widened (no oneDNN kernels), OpenBLAS core Prescott
-// (below avx512)". Reads RINGTRAIN_GEMM and RINGTRAIN_CPU_BF16 (an input error when not valid).
+// (below avx512)". Reads RINGTRAIN_GEMM and RINGTRAIN_CPU_BF16 (a bad value is named in the line
+// instead).
 std::string describe_cpu_gemm();
 
 }  // namespace ringtrain::kernels

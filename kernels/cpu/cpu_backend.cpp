@@ -25,11 +25,17 @@ std::string describe_cpu_gemm() {
   using namespace cpu;
   const CpuFeatures& f = host_features();
   const std::string core = openblas_core();
-  const GemmChoice choice = choose_gemm_provider(f, core, gemm_setting_from_env());
+  GemmChoice choice;
+  Bf16Setting setting = Bf16Setting::automatic;
+  try {
+    choice = choose_gemm_provider(f, core, gemm_setting_from_env());
+    setting = bf16_setting_from_env();
+  } catch (const Error& e) {  // --version still answers; a run stops at the backend instead
+    return cat("cpu isa ", isa_name(f), ", OpenBLAS core ", core, "; ", e.what());
+  }
   std::string s = cat("cpu isa ", isa_name(f), ", GEMM ");
   if (choice.provider == GemmProvider::onednn) {
     OneDnnMatmul mm;
-    const Bf16Setting setting = bf16_setting_from_env();
     const bool native = choose_native16(f, setting);
     auto path = [&](DType t) -> std::string {
       if (!mm.supports(t, t)) return "widened (no oneDNN kernels)";

@@ -50,7 +50,7 @@ GemmSetting parse_gemm_setting(const char* value);
 GemmSetting gemm_setting_from_env();
 
 struct GemmChoice {
-  GemmProvider provider;
+  GemmProvider provider = GemmProvider::openblas;
   std::string reason;  // one phrase, for the start-up line
 };
 // The rule: without AVX2 OpenBLAS (its SSE/AVX kernels are as good as anything there);

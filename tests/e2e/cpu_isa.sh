@@ -4,7 +4,8 @@
 # rule gives (oneDNN with AVX2 or better, else OpenBLAS) and OpenBLAS's core (asked of
 # libopenblas itself through python's ctypes). RINGTRAIN_GEMM=openblas forces OpenBLAS and,
 # when its core is below the CPU's ISA, each rank warns once; a bad RINGTRAIN_GEMM on rank 1
-# alone ends a 2-rank job with exit 1 and one message naming it.
+# alone ends a 2-rank job with exit 1 and one message naming it, as does a bad
+# RINGTRAIN_CPU_BF16; --version names a bad value instead of failing.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir cpu-isa)
 # Hermetic: the choice is made from the CPU, not from settings left in the environment.
@@ -76,3 +77,16 @@ n=$(grep -c '^ringtrain: error:' "$dir/err" || true)
 [[ $rc -eq 1 && $n -eq 1 ]] || { cat "$dir/err"; fail "RINGTRAIN_GEMM=mkl on rank 1: exit $rc, $n messages"; }
 contains "RINGTRAIN_GEMM='mkl' is not valid" <"$dir/err" || { cat "$dir/err"; fail "the message does not name RINGTRAIN_GEMM='mkl'"; }
 pass "RINGTRAIN_GEMM=mkl on rank 1: exit 1, one message"
+
+# A bad RINGTRAIN_CPU_BF16 ends a run with exit 1 and one message; --version still answers
+# and names the bad value on its CPU line.
+rc=0
+RINGTRAIN_CPU_BF16=fast mpi 2 -x RINGTRAIN_CPU_BF16 "$BIN" train --data "$DATA/train.h5" --steps 2 \
+  --hidden 32 --threads 1 >"$dir/out" 2>"$dir/err" || rc=$?
+n=$(grep -c '^ringtrain: error:' "$dir/err" || true)
+[[ $rc -eq 1 && $n -eq 1 ]] || { cat "$dir/err"; fail "RINGTRAIN_CPU_BF16=fast: exit $rc, $n messages"; }
+contains "RINGTRAIN_CPU_BF16='fast' is not valid" <"$dir/err" || { cat "$dir/err"; fail "the message does not name RINGTRAIN_CPU_BF16='fast'"; }
+RINGTRAIN_GEMM=mkl "$BIN" --version >"$dir/version" || fail "--version with RINGTRAIN_GEMM=mkl exited $?"
+grep -a '^  CPU: ' "$dir/version" | contains "RINGTRAIN_GEMM='mkl' is not valid" ||
+  { cat "$dir/version"; fail "--version does not name the bad RINGTRAIN_GEMM"; }
+pass "RINGTRAIN_CPU_BF16=fast: exit 1, one message; --version names a bad RINGTRAIN_GEMM"
