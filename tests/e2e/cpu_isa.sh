@@ -9,7 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir cpu-isa)
 # Hermetic: the choice is made from the CPU, not from settings left in the environment.
-unset RINGTRAIN_GEMM RINGTRAIN_CONV OPENBLAS_CORETYPE OPENBLAS_VERBOSE
+unset RINGTRAIN_GEMM RINGTRAIN_CPU_BF16 RINGTRAIN_CONV OPENBLAS_CORETYPE OPENBLAS_VERBOSE
 
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { [[ $flags == *" $1 "* ]]; }
