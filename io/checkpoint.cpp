@@ -53,6 +53,14 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.ringtrain_version = need_str(f, "ringtrain_version");
   m.input_mean = need_double(f, "input_mean");
   m.input_std = need_double(f, "input_std");
+  m.input_channel_mean = read_attr_doubles(f, "input_channel_mean").value_or(std::vector<double>{});
+  m.input_channel_std = read_attr_doubles(f, "input_channel_std").value_or(std::vector<double>{});
+  RT_REQUIRE(m.input_channel_mean.size() == m.input_channel_std.size(), what,
+             ": input_channel_mean and input_channel_std differ in length");
+  m.grad_accum = read_attr_int(f, "grad_accum").value_or(1);
+  m.best_value = read_attr_double(f, "best_value").value_or(0);
+  m.best_step = read_attr_int(f, "best_step").value_or(-1);
+  m.evals_since_best = read_attr_int(f, "evals_since_best").value_or(0);
   for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"})
     RT_REQUIRE(has_link(f, g), what, " lacks the group /", g);
   H5Id opt(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));

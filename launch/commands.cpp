@@ -82,7 +82,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   });
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   const EvalResult r = run_or_fail([&] {
-    return evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
+    return evaluate(*model, *data, comm, *backend, cfg.batch_size, normalization_of(meta));
   });
   if (comm.rank() == 0) {
     std::printf("eval %s on %s (%lld samples, computed in %s): loss %.4f accuracy %.4f\n",

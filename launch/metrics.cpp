@@ -48,6 +48,18 @@ JsonLine& JsonLine::add(const std::string& k, int64_t v) {
   return *this;
 }
 
+JsonLine& JsonLine::add(const std::string& k, bool v) {
+  key(k);
+  body_ += v ? "true" : "false";
+  return *this;
+}
+
+JsonLine& JsonLine::add(const std::string& k, const JsonLine& object) {
+  key(k);
+  body_ += object.str();
+  return *this;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) {
   if (path.empty()) return;
   out_.open(path, std::ios::app);

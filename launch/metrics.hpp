@@ -1,5 +1,6 @@
 // The metrics file: JSON lines written by rank 0, one object per event with a "type"
-// (step, eval, skip, checkpoint, warning), flushed per line so a crash loses nothing written.
+// (start, resume, step, eval, skip, checkpoint, best, warning, stop), flushed per line so a crash
+// loses nothing written.
 #pragma once
 
 #include <fstream>
@@ -17,6 +18,8 @@ class JsonLine {
   JsonLine& add(const std::string& key, double v);
   JsonLine& add(const std::string& key, int64_t v);
   JsonLine& add(const std::string& key, int v) { return add(key, int64_t(v)); }
+  JsonLine& add(const std::string& key, bool v);
+  JsonLine& add(const std::string& key, const JsonLine& object);  // a nested object
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

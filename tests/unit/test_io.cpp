@@ -70,14 +70,14 @@ TEST_F(IoTest, DatasetReadsExactlyTheRequestedSamplesInOrder) {
   const std::vector<int64_t> idx = {999, 3, 4, 5, 0, 500, 3, 998};
   std::vector<float> x(idx.size() * 6);
   std::vector<int32_t> y(idx.size());
-  d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.0, 1.0);
+  d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), Normalization{{0.0}, {1.0}});
   for (size_t j = 0; j < idx.size(); ++j) {
     EXPECT_EQ(y[j], idx[j] % 5) << "at position " << j;
     for (int k = 0; k < 6; ++k)
       ASSERT_FLOAT_EQ(x[j * 6 + k], float((idx[j] * 7 + k) % 256) / 255.f) << "sample " << idx[j];
   }
   // Normalisation: (v - mean) / std.
-  d.read(idx.data(), 1, x.data(), y.data(), 0.5, 2.0);
+  d.read(idx.data(), 1, x.data(), y.data(), Normalization{{0.5}, {2.0}});
   EXPECT_FLOAT_EQ(x[0], (float((999 * 7) % 256) / 255.f - 0.5f) / 2.f);
 }
 
@@ -156,7 +156,7 @@ TEST_F(IoTest, WrongSchemasAreInputErrorsNamingTheFile) {
   float x[12];
   int32_t y[2];
   const int64_t idx[2] = {0, 1};
-  expect_input_error([&] { d.read(idx, 2, x, y, 0, 1); }, "label 7 of sample 1");
+  expect_input_error([&] { d.read(idx, 2, x, y, Normalization{}); }, "label 7 of sample 1");
 }
 
 TEST_F(IoTest, EpochPermutationIsAPermutationThatDependsOnSeedAndEpoch) {
@@ -173,7 +173,7 @@ TEST_F(IoTest, EpochPermutationIsAPermutationThatDependsOnSeedAndEpoch) {
 TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
   const std::string p = make_dataset(100);
   Dataset d(p);
-  Loader one(d, 3, 20, 0, 1, 0, 1);
+  Loader one(d, 3, 20, 0, 1, Normalization{});
   std::vector<int32_t> global;
   for (int s = 0; s < 6; ++s) {  // crosses the epoch end (5 batches of 20 per epoch)
     const Batch& b = one.next();
@@ -183,7 +183,7 @@ TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
     std::vector<int32_t> stitched;
     std::vector<std::unique_ptr<Loader>> ranks;
     for (int r = 0; r < world; ++r)
-      ranks.push_back(std::make_unique<Loader>(d, 3, 20, r, world, 0, 1));
+      ranks.push_back(std::make_unique<Loader>(d, 3, 20, r, world, Normalization{}));
     for (int s = 0; s < 6; ++s)
       for (int r = 0; r < world; ++r) {
         const Batch& b = ranks[size_t(r)]->next();
@@ -191,8 +191,9 @@ TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
       }
     EXPECT_EQ(stitched, global) << world << " ranks see another sample order";
   }
-  expect_input_error([&] { Loader l(d, 3, 21, 0, 2, 0, 1); }, "does not divide by 2 ranks");
-  expect_input_error([&] { Loader l(d, 3, 200, 0, 1, 0, 1); }, "larger than dataset");
+  expect_input_error([&] { Loader l(d, 3, 21, 0, 2, Normalization{}); },
+                     "does not divide by 2 ranks");
+  expect_input_error([&] { Loader l(d, 3, 200, 0, 1, Normalization{}); }, "larger than dataset");
 }
 
 TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
@@ -219,7 +220,7 @@ TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
   auto read_all = [&](Dataset& d) {
     std::vector<float> x(idx.size() * 6);
     std::vector<int32_t> y(idx.size());
-    d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.1, 0.5);
+    d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), Normalization{{0.1}, {0.5}});
     return std::make_pair(x, y);
   };
   const auto ref = read_all(whole);
@@ -247,8 +248,8 @@ TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
 TEST_F(IoTest, PrefetchingLoaderHandsOutTheSameBatchesAndPositions) {
   const std::string p = make_dataset(100);
   Dataset d(p), d2(p);  // one Dataset per loader: reads of one Dataset are not concurrent
-  Loader sync(d, 9, 20, 1, 2, 0, 1, 0);
-  Loader ahead(d2, 9, 20, 1, 2, 0, 1, 3);
+  Loader sync(d, 9, 20, 1, 2, Normalization{}, 0);
+  Loader ahead(d2, 9, 20, 1, 2, Normalization{}, 3);
   sync.seek(1, 40);
   ahead.seek(1, 40);
   for (int s = 0; s < 12; ++s) {  // crosses two epoch ends
