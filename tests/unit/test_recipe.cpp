@@ -79,9 +79,9 @@ class RecipeRef : public ::testing::Test {
 };
 
 TEST_F(RecipeRef, SchedulesEqualPyTorchAtEveryStep) {
-  const char* cases[] = {"constant",         "constant_warmup", "cosine",
-                         "cosine_warmup",    "cosine_decay_steps", "linear_warmup",
-                         "step",             "inverse_sqrt",    "inverse_sqrt_nowarm"};
+  const char* cases[] = {"constant",      "constant_warmup",    "cosine",
+                         "cosine_warmup", "cosine_decay_steps", "linear_warmup",
+                         "step",          "inverse_sqrt",       "inverse_sqrt_nowarm"};
   for (const char* c : cases) {
     const std::string obj = std::string("/schedule/") + c;
     const auto want = read<double>(obj, H5T_NATIVE_DOUBLE);
@@ -162,8 +162,8 @@ TEST(DecayGroups, DecayTouchesExactlyTheParametersThatAskForIt) {
       ranges.push_back({p.offset, p.master.numel(), p.decay});
       // Weights of linear and convolution layers decay; biases and batch norm do not.
       const bool bias = p.name.size() > 5 && p.name.substr(p.name.size() - 5) == ".bias";
-      const bool norm = p.name.find("bn") != std::string::npos ||
-                        p.name.find("norm") != std::string::npos;
+      const bool norm =
+          p.name.find("bn") != std::string::npos || p.name.find("norm") != std::string::npos;
       EXPECT_EQ(p.decay, !bias && !norm) << name << ": " << p.name;
       (p.decay ? decayed : kept)++;
     }
@@ -173,8 +173,8 @@ TEST(DecayGroups, DecayTouchesExactlyTheParametersThatAskForIt) {
     std::vector<float> before(model->master().as<float>(),
                               model->master().as<float>() + model->num_params());
     std::vector<float> grad(size_t(model->num_params()), 0.f);
-    opt->step(*be, model->master(), Tensor(grad.data(), {model->num_params()}, DType::f32),
-              nullptr, 0.1f);
+    opt->step(*be, model->master(), Tensor(grad.data(), {model->num_params()}, DType::f32), nullptr,
+              0.1f);
     for (const auto& p : model->params())
       for (int64_t i = 0; i < p.master.numel(); ++i) {
         const float b = before[size_t(p.offset + i)], a = p.master.as<float>()[i];
@@ -220,10 +220,9 @@ TEST(Augment, CropAndFlipMoveEveryPixelAsDrawn) {
             for (int64_t r = 0; r < 32 && ok; ++r)
               for (int64_t col = 0; col < 32 && ok; ++col) {
                 const int64_t sr = r + dy, sc = (f ? 31 - col : col) + dx;
-                const float want =
-                    sr >= 0 && sr < 32 && sc >= 0 && sc < 32
-                        ? orig[size_t(i * per + (c * 32 + sr) * 32 + sc)]
-                        : float(-norm.mean[size_t(c)] / norm.std[size_t(c)]);
+                const float want = sr >= 0 && sr < 32 && sc >= 0 && sc < 32
+                                       ? orig[size_t(i * per + (c * 32 + sr) * 32 + sc)]
+                                       : float(-norm.mean[size_t(c)] / norm.std[size_t(c)]);
                 ok = x[size_t(i * per + (c * 32 + r) * 32 + col)] == want;
               }
           if (ok) {
