@@ -120,6 +120,7 @@ std::optional<std::string> read_attr_string(hid_t obj, const char* name) {
     char* s = nullptr;
     H5Id mem(H5_CHECK(H5Tcopy(H5T_C_S1)));
     H5_CHECK(H5Tset_size(mem, H5T_VARIABLE));
+    H5_CHECK(H5Tset_cset(mem, H5Tget_cset(type)));  // h5py writes UTF-8: no conversion
     H5_CHECK(H5Aread(attr, mem, &s));
     std::string out = s ? s : "";
     H5free_memory(s);
