@@ -298,7 +298,8 @@ void Trainer::apply_update(int64_t step) {
   Tensor work = model_->work();
   const auto t_opt = Clock::now();
   maybe_inject_fault("optimizer", step);
-  lr_ = schedule_->lr(step - 1);  // the schedule's position: the steps before this one
+  // The schedule's position is the steps before this one; lr_ is the fp32 value applied.
+  lr_ = double(float(schedule_->lr(step - 1)));
   optimizer_->step(*backend_, model_->master(), grad32_,
                    cfg_.precision == DType::f32 ? nullptr : &work, float(lr_));
   if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);

@@ -81,7 +81,7 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
                                    norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
-  lr_ = schedule_->lr(0);
+  lr_ = double(float(schedule_->lr(0)));
   if (grad_accum_ > 1) {
     DeviceScope on_device(device_);
     acc32_storage_ = Buffer(size_t(model_->num_params()) * 4);
