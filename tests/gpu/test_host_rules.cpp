@@ -168,7 +168,7 @@ std::vector<GemmDtypes> gemms_of_a_step(const ModelSpec& spec, DType precision) 
   Context ctx{rec, precision, true, 1};
   const Tensor& logits = model->forward(ctx, *in);
   Tensor& dlt = dl.ensure(logits.shape, DType::f32, Device{});
-  rec.softmax_xent(logits, y, 1.f, &dlt);
+  rec.softmax_xent(logits, y, 1.f, &dlt, 0.f);
   model->backward(ctx, dlt);
   return rec.gemms;
 }
