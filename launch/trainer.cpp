@@ -595,15 +595,16 @@ int Trainer::run() {
       write_stop_record("signal", 75);
       return 75;
     }
+    // Evaluation first: a checkpoint of this step then carries its verdict (best, patience).
     const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
+    if (step_ < total_steps_) eval_if_due(epoch_done);
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || out.save_due)
       save_checkpoint();
-    if (step_ < total_steps_) eval_if_due(epoch_done);
     if (stop_early_) break;
   }
   const bool stopped_early = stop_early_;  // not the final evaluation's verdict
-  save_checkpoint();
   if (last_eval_step_ != step_) run_eval();
+  save_checkpoint();
   if (stopped_early)
     say(cat(
         "early stop at step ", step_, ": ", cfg_.early_stop, " evaluations without improvement of ",
