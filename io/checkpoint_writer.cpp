@@ -142,6 +142,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<OptimizerState>& optimizer,
                                const std::vector<NamedTensor>& per_rank,
                                const std::vector<NamedTensor>& buffers) {
+  require_finite_for_save(m, params, optimizer, buffers);  // before any file is created
   H5Lock lock;
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);

@@ -9,15 +9,62 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <numeric>
+#include <regex>
+#include <set>
 
 namespace fs = std::filesystem;
 
 namespace ringtrain::io {
 
+namespace {
+
+// Files named NAME-<k>-of-<N>.h5 form one series: all N must be present, so that a lost
+// shard is an error instead of a run that silently trains on the rest.
+void require_complete_series(const std::vector<std::string>& files, const std::string& spec) {
+  static const std::regex shard_re(R"((.*)-(\d+)-of-(\d+)\.h5)");
+  std::map<std::pair<std::string, std::string>, std::set<int64_t>> series;  // (NAME, N) -> ks
+  std::map<std::pair<std::string, std::string>, size_t> width;  // digits of k, as written
+  for (const auto& f : files) {
+    std::smatch m;
+    if (!std::regex_match(f, m, shard_re) || m[2].length() > 9 || m[3].length() > 9) continue;
+    series[{m[1], m[3]}].insert(std::stoll(m[2]));
+    width[{m[1], m[3]}] = size_t(m[2].length());
+  }
+  for (const auto& [key, present] : series) {
+    const int64_t total = std::stoll(key.second);
+    std::vector<std::string> missing;
+    int64_t count = 0;
+    for (int64_t k = 0; k < total; ++k) {
+      if (present.count(k)) continue;
+      if (++count <= 5) {
+        std::string digits = std::to_string(k);
+        digits.insert(0, width[key] > digits.size() ? width[key] - digits.size() : 0, '0');
+        missing.push_back(cat("'", key.first, "-", digits, "-of-", key.second, ".h5'"));
+      }
+    }
+    if (count == 0) continue;
+    std::string names;
+    for (const auto& n : missing) {
+      if (!names.empty()) names += ", ";
+      names += n;
+    }
+    throw_input(cat("dataset '", spec, "' is a series of ", total, " shards but ", count,
+                    " of them ", count == 1 ? "is" : "are", " missing: ", names,
+                    count > 5 ? " ..." : "",
+                    "; restore them (or name the shards to use with a ? or [...] pattern)"));
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> resolve_dataset_files(const std::string& spec) {
   std::error_code ec;
   std::vector<std::string> files;
+  // A directory or a '*' glob means "the dataset there": its shard series must be complete.
+  // A pattern of only ? and [...] picks shards on purpose (e.g. holding one out).
+  const bool whole = fs::is_directory(spec, ec) || spec.find('*') != std::string::npos;
   if (fs::is_directory(spec, ec)) {
     for (const auto& e : fs::directory_iterator(spec, ec))
       if (e.is_regular_file() && e.path().extension() == ".h5") files.push_back(e.path().string());
@@ -32,6 +79,7 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec) {
     files.push_back(spec);  // ShardFile names it if it does not exist
   }
   std::sort(files.begin(), files.end());
+  if (whole) require_complete_series(files, spec);
   return files;
 }
 
@@ -156,13 +204,33 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const No
         for (int64_t k = 0; k < plane; ++k) dst[k] = float(src[at + k]) * s + shift[c];
       } else {
         const float* f = reinterpret_cast<const float*>(src) + at;
-        for (int64_t k = 0; k < plane; ++k) dst[k] = f[k] * scale[c] + shift[c];
+        // NaN and inf have every exponent bit set: an integer OR over the plane (which
+        // vectorises, unlike a float reduction) finds them in the same pass.
+        uint32_t non_finite = 0;
+        for (int64_t k = 0; k < plane; ++k) {
+          dst[k] = f[k] * scale[c] + shift[c];
+          uint32_t bits;
+          std::memcpy(&bits, f + k, 4);
+          non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+        }
+        if (non_finite) reject_non_finite(idx[i], reinterpret_cast<const float*>(src));
       }
     }
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);
   }
+}
+
+void Dataset::reject_non_finite(int64_t index, const float* sample) const {
+  const int64_t per = sample_numel();
+  int64_t k = 0;
+  while (k < per && std::isfinite(sample[k])) ++k;
+  const size_t s =
+      size_t(std::upper_bound(offsets_.begin(), offsets_.end(), index) - offsets_.begin() - 1);
+  throw_input(cat("dataset '", shards_[s]->path(), "': sample ", index, " (row ",
+                  index - offsets_[s], " of this file) holds ", k < per ? sample[k] : NAN,
+                  " at element ", k, "; float images must be finite"));
 }
 
 namespace {
@@ -244,21 +312,39 @@ std::vector<std::string> write_dataset_files(const std::string& path, const uint
     st.channel_mean.push_back(m);
     st.channel_std.push_back(std::sqrt(std::max(0.0, csq[size_t(c)] / cnt - m * m)));
   }
-  if (shards == 1) {
-    write_one(path, images, shape, labels, num_classes, st);
-    return {path};
-  }
-  std::string stem = path;
-  if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".h5") == 0) stem.resize(stem.size() - 3);
   std::vector<std::string> out;
-  for (int s = 0; s < shards; ++s) {
-    const int64_t lo = n * s / shards, hi = n * (s + 1) / shards;
-    char suffix[40];
-    std::snprintf(suffix, sizeof suffix, "-%05d-of-%05d.h5", s, shards);
-    Shape part = shape;
-    part[0] = hi - lo;
-    out.push_back(stem + suffix);
-    write_one(out.back(), images + lo * per, part, labels + lo, num_classes, st);
+  if (shards == 1) {
+    out.push_back(path);
+  } else {
+    std::string stem = path;
+    if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".h5") == 0)
+      stem.resize(stem.size() - 3);
+    for (int s = 0; s < shards; ++s) {
+      char suffix[40];
+      std::snprintf(suffix, sizeof suffix, "-%05d-of-%05d.h5", s, shards);
+      out.push_back(stem + suffix);
+    }
+  }
+  // Each file is written under a .tmp name and the names are given only when all are
+  // complete: a failed conversion leaves no file that looks like a dataset.
+  try {
+    for (int s = 0; s < shards; ++s) {
+      const int64_t lo = n * s / shards, hi = n * (s + 1) / shards;
+      Shape part = shape;
+      part[0] = hi - lo;
+      write_one(out[size_t(s)] + ".tmp", images + lo * per, part, labels + lo, num_classes, st);
+    }
+    for (const auto& f : out) {
+      std::error_code ec;
+      fs::rename(f + ".tmp", f, ec);
+      RT_CHECK(!ec, "rename '", f, ".tmp' -> '", f, "': ", ec.message());
+    }
+  } catch (...) {
+    for (const auto& f : out) {
+      std::error_code ec;
+      fs::remove(f + ".tmp", ec);
+    }
+    throw;
   }
   return out;
 }

@@ -56,10 +56,14 @@ class Dataset {
 
   // Reads the samples at global indices idx[0..n) (any order, repeats allowed) into
   // x [n, sample] as float32 (v/255 for uint8 images, then (v - mean[c]) / std[c]) and y [n]
-  // as int32. Not for concurrent calls on one Dataset.
+  // as int32. A label outside [0, num_classes) or a non-finite float pixel is an input error
+  // naming the file and the global sample index. Not for concurrent calls on one Dataset.
   void read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm);
 
  private:
+  // Input error naming the shard file and global index of a float sample holding NaN/inf.
+  [[noreturn]] void reject_non_finite(int64_t index, const float* sample) const;
+
   DatasetInfo info_;
   std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<int64_t> offsets_;  // first global index of each shard, plus N at the end

@@ -8,8 +8,60 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace ringtrain::io {
+
+namespace {
+
+// Declared sizes are checked against what the file stores before anything is allocated
+// from them: a dataset whose extent says 10^12 samples while its storage holds a few bytes
+// is a damaged or hostile file, not a request for terabytes of memory.
+void require_stored(hid_t ds, const std::string& file, const char* name, const Shape& shape,
+                    size_t elem_bytes) {
+  const std::string what = cat("dataset '", file, "': /", name);
+  uint64_t bytes = elem_bytes;
+  for (int64_t d : shape) {
+    RT_REQUIRE(d >= 1, what, " has shape ", shape_str(shape), "; every dimension must be >= 1");
+    RT_REQUIRE(!__builtin_mul_overflow(bytes, uint64_t(d), &bytes) && bytes < (uint64_t(1) << 62),
+               what, " declares shape ", shape_str(shape),
+               ", whose size in bytes overflows 64 bits; the file is damaged");
+  }
+  H5Id dcpl(H5_CHECK(H5Dget_create_plist(ds)));
+  if (H5Pget_nfilters(dcpl) == 0) {
+    // Unfiltered: the storage holds every byte (chunks at the edges may hold more).
+    const uint64_t stored = H5Dget_storage_size(ds);
+    RT_REQUIRE(stored >= bytes, what, " declares ", shape[0], " samples of shape ",
+               shape_str(Shape(shape.begin() + 1, shape.end())), " (", bytes,
+               " bytes) but the file stores ", stored,
+               " bytes of it; the file is truncated or was never fully written");
+    if (H5Pget_layout(dcpl) == H5D_CONTIGUOUS) {
+      const haddr_t at = H5Dget_offset(ds);
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(file, ec);
+      RT_REQUIRE(ec || (at != HADDR_UNDEF && at + bytes <= size), what, " (", bytes,
+                 " bytes) reaches beyond the end of the file (", size,
+                 " bytes); the file is truncated");
+    }
+    return;
+  }
+  // Filtered (compressed) chunks can be any size: every chunk must exist instead.
+  std::vector<hsize_t> chunk(shape.size());
+  RT_REQUIRE(H5Pget_chunk(dcpl, int(chunk.size()), chunk.data()) == int(chunk.size()), what,
+             " is filtered but not chunked; the file is damaged");
+  uint64_t expected = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    expected *= (uint64_t(shape[d]) + chunk[d] - 1) / chunk[d];  // <= bytes: no overflow
+  H5Id space(H5_CHECK(H5Dget_space(ds)));
+  hsize_t have = 0;
+  H5_CHECK(H5Dget_num_chunks(ds, space, &have));
+  RT_REQUIRE(have == expected, what, " declares ", shape[0], " samples of shape ",
+             shape_str(Shape(shape.begin() + 1, shape.end())), " in ", expected,
+             " chunks but the file stores ", have,
+             " of them; the file is truncated or was never fully written");
+}
+
+}  // namespace
 
 ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   H5Lock lock;
@@ -47,6 +99,14 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
              shape_str(lshape), "; expected [", ishape[0], "] to match /images");
   RT_REQUIRE(ishape[0] > 0, what, " holds no samples");
+  require_stored(images_, path_, "images", ishape, dtype_size(*itype));
+  require_stored(labels_, path_, "labels", lshape, dtype_size(*ltype));
+  // Every sample is converted to fp32 in memory; one that cannot fit can never be trained on.
+  const uint64_t sample_fp32 = uint64_t(shape_numel(Shape(ishape.begin() + 1, ishape.end()))) * 4;
+  const uint64_t memory = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+  RT_REQUIRE(sample_fp32 <= memory, what, ": one sample of shape ",
+             shape_str(Shape(ishape.begin() + 1, ishape.end())), " takes ", sample_fp32,
+             " bytes as fp32, more than this machine's ", memory, " bytes of memory");
   info_.image_dtype = *itype;
   info_.num_samples = ishape[0];
   info_.sample_shape.assign(ishape.begin() + 1, ishape.end());

@@ -201,5 +201,11 @@ void host_to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
 void host_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 // "OpenBLAS 0.3.21 (Haswell, pthread, max 64 threads)" or the like, for --version.
 std::string blas_version();
+// How the CPU backend computes on this machine, one line for the start-up line and --version:
+// "cpu isa avx512_core_fp16, GEMM oneDNN (auto: OpenBLAS core Prescott is below avx512),
+// bf16 widened (auto: no AMX), fp16 widened (no oneDNN kernels), OpenBLAS core Prescott
+// (below avx512)". Reads RINGTRAIN_GEMM and RINGTRAIN_CPU_BF16 (a bad value is named in the line
+// instead).
+std::string describe_cpu_gemm();
 
 }  // namespace ringtrain::kernels

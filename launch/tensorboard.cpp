@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -133,10 +134,17 @@ void EventWriter::write_event(const std::string& event) {
   const uint64_t n = event.size();
   std::memcpy(len, &n, 8);  // little-endian on every platform ringtrain builds for
   const uint32_t lc = masked(crc32c(len, 8)), dc = masked(crc32c(event.data(), event.size()));
-  std::fwrite(len, 1, 8, file_);
-  std::fwrite(&lc, 4, 1, file_);
-  std::fwrite(event.data(), 1, event.size(), file_);
-  std::fwrite(&dc, 4, 1, file_);
+  const bool ok = std::fwrite(len, 1, 8, file_) == 8 && std::fwrite(&lc, 4, 1, file_) == 1 &&
+                  std::fwrite(event.data(), 1, event.size(), file_) == event.size() &&
+                  std::fwrite(&dc, 4, 1, file_) == 1;
+  if (!ok) fail("writing");
+  flush();  // one record at a time: a crash or a full disk never leaves a silent gap
+}
+
+void EventWriter::fail(const char* doing) {
+  const int err = errno;
+  throw_runtime(__FILE__, __LINE__,
+                cat(doing, " --tensorboard file '", path_, "' failed: ", std::strerror(err)));
 }
 
 void EventWriter::scalar(const std::string& tag, int64_t step, double value) {
@@ -230,6 +238,8 @@ void EventWriter::hparams(const std::vector<std::pair<std::string, std::string>>
   write_event(event_with_value(0, v));
 }
 
-void EventWriter::flush() { std::fflush(file_); }
+void EventWriter::flush() {
+  if (std::fflush(file_) != 0 || std::ferror(file_)) fail("writing");
+}
 
 }  // namespace ringtrain::launch

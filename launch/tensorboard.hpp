@@ -32,10 +32,13 @@ class EventWriter {
   // The run's hyper-parameters for TensorBoard's HParams tab (a session_start_info of the
   // hparams plugin); values are numbers when they read as one, else strings.
   void hparams(const std::vector<std::pair<std::string, std::string>>& values);
+  // Each event is flushed as it is written; a failed write or flush (a full disk) throws
+  // (ErrorKind::runtime, exit 2) naming the file and the system's error text.
   void flush();
 
  private:
   void write_event(const std::string& event);
+  [[noreturn]] void fail(const char* doing);
   std::string path_;
   std::FILE* file_ = nullptr;
 };

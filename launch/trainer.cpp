@@ -490,7 +490,8 @@ int Trainer::run() {
           ", global batch ", global_batch_, " (", micro_batch_, "/rank",
           grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
-          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
+          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
+          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string()));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
           model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",

@@ -1,6 +1,7 @@
-// Where a run starts: the checkpoint to resume (rank 0 chooses, see choose_checkpoint) and
-// restoring from it, or a fresh start (init on rank 0, broadcast). Also fixes the global
-// batch: a resumed run continues the checkpoint's global batch sequence unless
+// Where a run starts: the checkpoint to resume (rank 0 locks the checkpoint directory and
+// chooses, see choose_checkpoint) and restoring from it, or a fresh start (init on rank 0,
+// broadcast); a directory holding only damaged checkpoints is an error, not a fresh start. Also
+// fixes the global batch: a resumed run continues the checkpoint's global batch sequence unless
 // --global-batch-size says otherwise, on fewer ranks by more micro-batches per step
 // (--grad-accum), so that each rank's micro-batch, and its memory, stays as it was.
 #include <filesystem>
@@ -13,6 +14,12 @@ namespace fs = std::filesystem;
 namespace ringtrain::launch {
 
 std::string Trainer::choose_checkpoint() {
+  // First of all: this job owns the directory (a second job there is an input error naming
+  // the holder), so nothing below deletes or renames another job's files.
+  if (store_) {
+    const std::string warning = store_->lock();
+    if (!warning.empty()) std::cerr << cat("ringtrain: warning: ", warning, "\n") << std::flush;
+  }
   if (cfg_.resume == "never") {
     if (!store_) return "";
     const auto existing = store_->list();
@@ -21,9 +28,17 @@ std::string Trainer::choose_checkpoint() {
                       existing.size(), " checkpoint(s) (newest ", existing.back(),
                       "); --resume never would mix two runs there. Use --resume auto to "
                       "continue them, another --checkpoint-dir, or --overwrite to delete them"));
-    for (const auto& f : existing) fs::remove(f);
-    std::error_code ec;  // the best checkpoint of the run replaced goes with it
-    fs::remove(fs::path(cfg_.checkpoint_dir) / "best.h5", ec);
+    // Starting over: the best checkpoint of the run replaced goes, and with --overwrite the
+    // checkpoints and the damaged ones renamed aside by --resume auto.
+    std::vector<std::string> remove{(fs::path(cfg_.checkpoint_dir) / "best.h5").string()};
+    if (cfg_.overwrite)
+      for (const auto& list : {existing, store_->list_invalid()})
+        remove.insert(remove.end(), list.begin(), list.end());
+    for (const auto& f : remove) {
+      std::error_code ec;  // a file that is not there is no error for fs::remove
+      fs::remove(f, ec);
+      RT_REQUIRE(!ec, "--resume never: cannot delete '", f, "': ", ec.message());
+    }
     return "";
   }
   if (cfg_.resume != "auto") {
@@ -63,6 +78,22 @@ std::string Trainer::choose_checkpoint() {
               << std::flush;
   }
   if (latest) return *latest;
+  // Damaged checkpoints and no good one (now, or renamed aside by an earlier attempt): a
+  // fresh start would redo the run's work unnoticed, so it must be asked for.
+  auto damaged = store_->list_invalid();
+  for (const auto& [file, why] : skipped)
+    if (std::error_code ec; fs::exists(file, ec)) damaged.push_back(file);  // rename failed
+  if (!damaged.empty()) {
+    std::string names;
+    for (const auto& f : damaged) {
+      if (!names.empty()) names += ", ";
+      names += f;
+    }
+    throw_input(cat("--resume auto: --checkpoint-dir '", cfg_.checkpoint_dir,
+                    "' holds no valid checkpoint, only damaged ones (", names,
+                    "); to start over from step 0 use --resume never --overwrite (it deletes "
+                    "them), or give --resume FILE"));
+  }
   return "";
 }
 
