@@ -171,6 +171,7 @@ Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType c
       p.shape = ps.shape;
       p.fan_in = ps.fan_in;
       p.init = ps.init;
+      p.decay = ps.decay;
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       params_.push_back(std::move(p));

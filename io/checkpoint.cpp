@@ -61,6 +61,14 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.ringtrain_version = need_str(f, "ringtrain_version");
   m.input_mean = need_double(f, "input_mean");
   m.input_std = need_double(f, "input_std");
+  m.input_channel_mean = read_attr_doubles(f, "input_channel_mean").value_or(std::vector<double>{});
+  m.input_channel_std = read_attr_doubles(f, "input_channel_std").value_or(std::vector<double>{});
+  RT_REQUIRE(m.input_channel_mean.size() == m.input_channel_std.size(), what,
+             ": input_channel_mean and input_channel_std differ in length");
+  m.grad_accum = read_attr_int(f, "grad_accum").value_or(1);
+  m.best_value = read_attr_double(f, "best_value").value_or(0);
+  m.best_step = read_attr_int(f, "best_step").value_or(-1);
+  m.evals_since_best = read_attr_int(f, "evals_since_best").value_or(0);
   for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"})
     RT_REQUIRE(has_link(f, g), what, " lacks the group /", g);
   H5Id opt(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
@@ -100,6 +108,23 @@ std::string impossible_meta(const CheckpointMeta& m) {
     return cat("input_mean is ", m.input_mean, "; expected a finite value");
   if (!std::isfinite(m.input_std) || m.input_std <= 0)
     return cat("input_std is ", m.input_std, "; expected a finite value > 0");
+  for (size_t c = 0; c < m.input_channel_mean.size(); ++c)
+    if (!std::isfinite(m.input_channel_mean[c]))
+      return cat("input_channel_mean[", c, "] is ", m.input_channel_mean[c],
+                 "; expected a finite value");
+  for (size_t c = 0; c < m.input_channel_std.size(); ++c)
+    if (!std::isfinite(m.input_channel_std[c]) || m.input_channel_std[c] <= 0)
+      return cat("input_channel_std[", c, "] is ", m.input_channel_std[c],
+                 "; expected a finite value > 0");
+  // One optimizer step per training step whatever --grad-accum is (the micro-batches of a
+  // step are summed before the one update), so the rule above holds with accumulation too.
+  if (m.grad_accum < 1) return cat("grad_accum is ", m.grad_accum, "; expected >= 1");
+  if (m.best_step < -1 || m.best_step > m.step)
+    return cat("best_step is ", m.best_step, "; expected -1 (none) or 0 to the step ", m.step);
+  if (m.best_step >= 0 && !std::isfinite(m.best_value))
+    return cat("best_value is ", m.best_value, "; expected a finite value");
+  if (m.evals_since_best < 0)
+    return cat("evals_since_best is ", m.evals_since_best, "; expected >= 0");
   return "";
 }
 

@@ -32,6 +32,13 @@ struct CheckpointMeta {
   int64_t optimizer_step = 0;
   int64_t seed = 0;                      // /rng: every stream derives from it
   double input_mean = 0, input_std = 1;  // the input normalisation the model trained with
+  // ... per channel, when the data had /mean and /std (attributes input_channel_mean/std)
+  std::vector<double> input_channel_mean, input_channel_std;
+  int64_t grad_accum = 1;  // micro-batches per step of the run that saved
+  // --keep-best/--early-stop: the best evaluation so far (step -1: none yet) and the
+  // evaluations since it, so that a resumed run keeps the same best and patience.
+  double best_value = 0;
+  int64_t best_step = -1, evals_since_best = 0;
 };
 
 struct NamedTensor {

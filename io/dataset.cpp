@@ -91,7 +91,8 @@ Dataset::Dataset(const std::string& spec) {
     const ShardInfo& first = shards_.front()->info();
     RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
                    s.num_classes == first.num_classes && s.has_norm == first.has_norm &&
-                   s.mean == first.mean && s.std == first.std,
+                   s.mean == first.mean && s.std == first.std &&
+                   s.channel_mean == first.channel_mean && s.channel_std == first.channel_std,
                "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
                dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
                shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
@@ -109,6 +110,8 @@ Dataset::Dataset(const std::string& spec) {
   info_.has_norm = first.has_norm;
   info_.mean = first.mean;
   info_.std = first.std;
+  info_.channel_mean = first.channel_mean;
+  info_.channel_std = first.channel_std;
   sample_bytes_ = shards_.front()->sample_bytes();
 }
 
@@ -122,7 +125,19 @@ void Dataset::enable_cache() {
   cached_.assign(size_t(info_.num_samples), false);
 }
 
-void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double mean, double std) {
+Normalization normalization_of(const DatasetInfo& info) {
+  Normalization n;
+  if (!info.channel_mean.empty()) {
+    n.mean = info.channel_mean;
+    n.std = info.channel_std;
+  } else if (info.has_norm) {
+    n.mean = {info.mean};
+    n.std = {info.std};
+  }
+  return n;
+}
+
+void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm) {
   if (n == 0) return;
   for (int64_t i = 0; i < n; ++i)
     RT_CHECK(idx[i] >= 0 && idx[i] < info_.num_samples, "sample index ", idx[i], " outside [0, ",
@@ -160,7 +175,16 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
   }
 
   const int64_t per = sample_numel();
-  const float scale = float(1.0 / std), shift = float(-mean / std);
+  // One (scale, shift) per channel; a scalar normalisation is one channel of all elements.
+  const size_t channels = norm.mean.size();
+  RT_CHECK(channels == norm.std.size() && channels >= 1 && per % int64_t(channels) == 0,
+           "normalisation of ", channels, " channels for samples of ", per, " elements");
+  const int64_t plane = per / int64_t(channels);
+  std::vector<float> scale(channels), shift(channels);
+  for (size_t c = 0; c < channels; ++c) {
+    scale[c] = float(1.0 / norm.std[c]);
+    shift[c] = float(-norm.mean[c] / norm.std[c]);
+  }
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* src;
     int64_t label;
@@ -172,22 +196,25 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
       src = raw_.data() + j * sample_bytes_;
       label = labels_[size_t(j)];
     }
-    float* dst = x + i * per;
-    if (info_.image_dtype == DType::u8) {
-      const float s = scale / 255.f;
-      for (int64_t k = 0; k < per; ++k) dst[k] = float(src[k]) * s + shift;
-    } else {
-      const float* f = reinterpret_cast<const float*>(src);
-      // NaN and inf have every exponent bit set: an integer OR over the sample (which
-      // vectorises, unlike a float reduction) finds them in the same pass.
-      uint32_t non_finite = 0;
-      for (int64_t k = 0; k < per; ++k) {
-        dst[k] = f[k] * scale + shift;
-        uint32_t bits;
-        std::memcpy(&bits, f + k, 4);
-        non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+    for (size_t c = 0; c < channels; ++c) {
+      float* dst = x + i * per + int64_t(c) * plane;
+      const int64_t at = int64_t(c) * plane;
+      if (info_.image_dtype == DType::u8) {
+        const float s = scale[c] / 255.f;
+        for (int64_t k = 0; k < plane; ++k) dst[k] = float(src[at + k]) * s + shift[c];
+      } else {
+        const float* f = reinterpret_cast<const float*>(src) + at;
+        // NaN and inf have every exponent bit set: an integer OR over the plane (which
+        // vectorises, unlike a float reduction) finds them in the same pass.
+        uint32_t non_finite = 0;
+        for (int64_t k = 0; k < plane; ++k) {
+          dst[k] = f[k] * scale[c] + shift[c];
+          uint32_t bits;
+          std::memcpy(&bits, f + k, 4);
+          non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+        }
+        if (non_finite) reject_non_finite(idx[i], reinterpret_cast<const float*>(src));
       }
-      if (non_finite) reject_non_finite(idx[i], f);
     }
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
@@ -208,16 +235,35 @@ void Dataset::reject_non_finite(int64_t index, const float* sample) const {
 
 namespace {
 
+struct Stats {
+  double mean = 0, std = 1;                       // over every element
+  std::vector<double> channel_mean, channel_std;  // per channel
+};
+
 void write_one(const std::string& path, const uint8_t* images, const Shape& shape,
-               const int32_t* labels, int64_t num_classes, double mean, double std) {
+               const int32_t* labels, int64_t num_classes, const Stats& st) {
   H5Lock lock;
   const int64_t n = shape.at(0), per = shape_numel(shape) / n;
   H5Id file = create_file(path);
   write_attr(file, "format", std::string(kDatasetFormat));
   write_attr(file, "format_version", kDatasetVersion);
   write_attr(file, "num_classes", num_classes);
-  write_attr(file, "mean", mean);
-  write_attr(file, "std", std);
+  write_attr(file, "mean", st.mean);
+  write_attr(file, "std", st.std);
+  // float64, so that one channel's values equal the attributes exactly. A constant channel
+  // (std 0) cannot be normalised: then there are none, as the attributes are then ignored.
+  const bool usable =
+      std::all_of(st.channel_std.begin(), st.channel_std.end(), [](double v) { return v > 0; });
+  const hsize_t channels = st.channel_mean.size();
+  for (const auto& [name, v] :
+       {std::pair<const char*, const std::vector<double>*>{"mean", &st.channel_mean},
+        {"std", &st.channel_std}}) {
+    if (!usable) break;
+    H5Id cspace(H5_CHECK(H5Screate_simple(1, &channels, nullptr)));
+    H5Id cds(H5_CHECK(
+        H5Dcreate2(file, name, H5T_NATIVE_DOUBLE, cspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    H5_CHECK(H5Dwrite(cds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v->data()));
+  }
   // No filters on the data: uncompressed chunks let HDF5 read a selection straight from the
   // file without staging whole chunks.
   std::vector<hsize_t> dims(shape.begin(), shape.end()), chunk = dims;
@@ -239,14 +285,33 @@ std::vector<std::string> write_dataset_files(const std::string& path, const uint
   const int64_t n = shape.at(0), per = shape_numel(shape) / n;
   RT_REQUIRE(shards >= 1 && shards <= n, "--shards ", shards, " is not valid for ", n,
              " samples; expected 1 to ", n);
+  Stats st;
   double sum = 0, sq = 0;
   for (int64_t i = 0; i < n * per; ++i) {
     const double v = images[i] / 255.0;
     sum += v;
     sq += v * v;
   }
-  const double mean = sum / double(n * per);
-  const double std = std::sqrt(std::max(0.0, sq / double(n * per) - mean * mean));
+  st.mean = sum / double(n * per);
+  st.std = std::sqrt(std::max(0.0, sq / double(n * per) - st.mean * st.mean));
+  // Per channel, the C of [N, C, H, W] (other shapes are one channel), summed in the same
+  // element order, so that one channel's values are the attributes' exactly.
+  const int64_t channels = shape.size() == 4 ? shape[1] : 1, plane = per / channels;
+  std::vector<double> csum(size_t(channels), 0.0), csq(size_t(channels), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < channels; ++c) {
+      const uint8_t* p = images + i * per + c * plane;
+      for (int64_t k = 0; k < plane; ++k) {
+        const double v = p[k] / 255.0;
+        csum[size_t(c)] += v;
+        csq[size_t(c)] += v * v;
+      }
+    }
+  for (int64_t c = 0; c < channels; ++c) {
+    const double cnt = double(n * plane), m = csum[size_t(c)] / cnt;
+    st.channel_mean.push_back(m);
+    st.channel_std.push_back(std::sqrt(std::max(0.0, csq[size_t(c)] / cnt - m * m)));
+  }
   std::vector<std::string> out;
   if (shards == 1) {
     out.push_back(path);
@@ -267,8 +332,7 @@ std::vector<std::string> write_dataset_files(const std::string& path, const uint
       const int64_t lo = n * s / shards, hi = n * (s + 1) / shards;
       Shape part = shape;
       part[0] = hi - lo;
-      write_one(out[size_t(s)] + ".tmp", images + lo * per, part, labels + lo, num_classes, mean,
-                std);
+      write_one(out[size_t(s)] + ".tmp", images + lo * per, part, labels + lo, num_classes, st);
     }
     for (const auto& f : out) {
       std::error_code ec;

@@ -199,6 +199,41 @@ std::optional<double> read_attr_double(hid_t obj, const char* name) {
   return v;
 }
 
+void write_attr(hid_t obj, const char* name, const std::vector<double>& values) {
+  if (has_attr(obj, name)) H5_CHECK(H5Adelete(obj, name));
+  const hsize_t n = values.size();
+  H5Id space(H5_CHECK(H5Screate_simple(1, &n, nullptr)));
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT)));
+  H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, values.data()));
+}
+
+std::optional<std::vector<double>> read_attr_doubles(hid_t obj, const char* name) {
+  if (!has_attr(obj, name)) return std::nullopt;
+  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Aget_type(attr)));
+  auto cls = H5Tget_class(type);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
+  H5Id space(H5_CHECK(H5Aget_space(attr)));
+  std::vector<double> v(
+      size_t(std::max<hssize_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)), 0)));
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, v.data()));
+  return v;
+}
+
+std::optional<std::vector<double>> read_doubles(hid_t loc, const char* name) {
+  if (!has_link(loc, name)) return std::nullopt;
+  H5Id ds(H5_CHECK(H5Dopen2(loc, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Dget_type(ds)));
+  auto cls = H5Tget_class(type);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
+  H5Id space(H5_CHECK(H5Dget_space(ds)));
+  if (H5Sget_simple_extent_ndims(space) != 1) return std::nullopt;
+  std::vector<double> v(
+      size_t(std::max<hssize_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)), 0)));
+  H5_CHECK(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
+  return v;
+}
+
 bool has_link(hid_t loc, const std::string& path) {
   // H5Lexists needs every intermediate component to exist: check them one by one.
   size_t pos = 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -114,6 +115,19 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
     info_.has_norm = true;
     info_.mean = *mean;
     info_.std = *std;
+  }
+  auto cmean = read_doubles(file_, "mean"), cstd = read_doubles(file_, "std");
+  if (cmean || cstd) {
+    const size_t c = info_.sample_shape.size() == 3 ? size_t(info_.sample_shape[0]) : 1;
+    RT_REQUIRE(cmean && cstd && cmean->size() == c && cstd->size() == c, what,
+               ": /mean and /std must both be datasets of shape [", c,
+               "] (one value per channel of ", shape_str(info_.sample_shape), ")");
+    for (size_t i = 0; i < c; ++i)
+      RT_REQUIRE(std::isfinite((*cmean)[i]) && std::isfinite((*cstd)[i]) && (*cstd)[i] > 0, what,
+                 ": channel ", i, " has mean ", (*cmean)[i], " and std ", (*cstd)[i],
+                 "; expected finite values and std > 0");
+    info_.channel_mean = *cmean;
+    info_.channel_std = *cstd;
   }
   plan_direct_reads(ishape);
 }

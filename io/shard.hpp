@@ -25,6 +25,8 @@ struct ShardInfo {
   int64_t num_classes = 0;
   bool has_norm = false;
   double mean = 0, std = 1;
+  // Per-channel /mean and /std datasets of shape [C] (empty when the file has none).
+  std::vector<double> channel_mean, channel_std;
 };
 
 class ShardFile {

@@ -82,7 +82,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   });
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   const EvalResult r = run_or_fail([&] {
-    return evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
+    return evaluate(*model, *data, comm, *backend, cfg.batch_size, normalization_of(meta));
   });
   if (comm.rank() == 0) {
     std::printf("eval %s on %s (%lld samples, computed in %s): loss %.4f accuracy %.4f\n",
@@ -176,7 +176,13 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
       checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
                   H5Z_FILTER_FLETCHER32;
     }
-    std::printf("/%s  %s %s%s\n", name, t ? dtype_name(*t) : "?",
+    // float64 has no DType (the per-channel /mean and /std are float64): named here.
+    io::H5Id ht(H5Dget_type(ds));
+    const bool f64 = H5Tget_class(ht) == H5T_FLOAT && H5Tget_size(ht) == 8;
+    std::printf("/%s  %s %s%s\n", name,
+                t     ? dtype_name(*t)
+                : f64 ? "float64"
+                      : "?",
                 shape_str(io::dataset_shape(ds)).c_str(), checksum ? "  fletcher32" : "");
   }
   return 0;

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/model.hpp"
+#include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 
 namespace ringtrain::launch {
@@ -15,7 +16,11 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
+// Plain cross-entropy (no label smoothing), whatever the training loss was.
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
-                    kernels::Backend& backend, int64_t batch, double mean, double std);
+                    kernels::Backend& backend, int64_t batch, const io::Normalization& norm);
+
+// The input normalisation a checkpoint's model trained with (per channel when it has one).
+io::Normalization normalization_of(const io::CheckpointMeta& m);
 
 }  // namespace ringtrain::launch

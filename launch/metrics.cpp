@@ -54,6 +54,18 @@ JsonLine& JsonLine::add(const std::string& k, int64_t v) {
   return *this;
 }
 
+JsonLine& JsonLine::add(const std::string& k, bool v) {
+  key(k);
+  body_ += v ? "true" : "false";
+  return *this;
+}
+
+JsonLine& JsonLine::add(const std::string& k, const JsonLine& object) {
+  key(k);
+  body_ += object.str();
+  return *this;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -1,6 +1,7 @@
 // The metrics file: JSON lines written by rank 0, one object per event with a "type"
-// (step, eval, skip, checkpoint, warning), each line one write(2) so a crash loses nothing
-// written, and a failed write (a full disk, /dev/full) a runtime error naming the file.
+// (start, resume, step, eval, skip, checkpoint, best, warning, stop), each line one write(2)
+// so a crash loses nothing written, and a failed write (a full disk, /dev/full) a runtime
+// error naming the file.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ class JsonLine {
   JsonLine& add(const std::string& key, double v);
   JsonLine& add(const std::string& key, int64_t v);
   JsonLine& add(const std::string& key, int v) { return add(key, int64_t(v)); }
+  JsonLine& add(const std::string& key, bool v);
+  JsonLine& add(const std::string& key, const JsonLine& object);  // a nested object
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

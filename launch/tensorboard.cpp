@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -188,6 +189,53 @@ void EventWriter::histogram(const std::string& tag, int64_t step, const float* v
   bytes_field(v, 1, tag);
   bytes_field(v, 5, h);
   write_event(event_with_value(step, v));
+}
+
+// SummaryMetadata { plugin_data = 1 { plugin_name = 1; content = 2 } }.
+std::string plugin_metadata(const std::string& plugin, const std::string& content) {
+  std::string pd, md;
+  bytes_field(pd, 1, plugin);
+  if (!content.empty()) bytes_field(pd, 2, content);
+  bytes_field(md, 1, pd);
+  return md;
+}
+
+void EventWriter::text(const std::string& tag, int64_t step, const std::string& markdown) {
+  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2 (scalar: empty); string_val = 8 }
+  std::string tensor;
+  int_field(tensor, 1, 7);
+  bytes_field(tensor, 2, "");
+  bytes_field(tensor, 8, markdown);
+  std::string v;  // Summary.Value { tag = 1; tensor = 8; metadata = 9 }
+  bytes_field(v, 1, tag);
+  bytes_field(v, 8, tensor);
+  bytes_field(v, 9, plugin_metadata("text", ""));
+  write_event(event_with_value(step, v));
+}
+
+void EventWriter::hparams(const std::vector<std::pair<std::string, std::string>>& values) {
+  // HParamsPluginData { version = 1 (0); session_start_info = 3 { hparams = 1: map<string,
+  // google.protobuf.Value { number_value = 2 | string_value = 3 }> } }
+  std::string start;
+  for (const auto& [name, text] : values) {
+    std::string value, entry;
+    char* end = nullptr;
+    const double d = std::strtod(text.c_str(), &end);
+    if (!text.empty() && end && *end == '\0' && std::isfinite(d))
+      double_field(value, 2, d);
+    else
+      bytes_field(value, 3, text);
+    bytes_field(entry, 1, name);
+    bytes_field(entry, 2, value);
+    bytes_field(start, 1, entry);
+  }
+  std::string data;
+  int_field(data, 1, 0);
+  bytes_field(data, 3, start);
+  std::string v;  // a Value with only tag and metadata, as TensorBoard's hparams API writes
+  bytes_field(v, 1, "_hparams_/session_start_info");
+  bytes_field(v, 9, plugin_metadata("hparams", data));
+  write_event(event_with_value(0, v));
 }
 
 void EventWriter::flush() {

@@ -272,7 +272,7 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
 }
 
 XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                    const Tensor* dlogits) {
+                                    const Tensor* dlogits, float label_smoothing) {
   RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32,
            "softmax_xent takes fp32 logits and int32 labels");
   const int64_t rows = logits.dim(0), c = logits.dim(1);
@@ -281,6 +281,8 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
   const int32_t* py = labels.as<int32_t>();
   float* pd = dlogits ? dlogits->as<float>() : nullptr;
   const float g = grad_scale / float(rows);
+  // The target is (1 - e) on the label plus e / C everywhere.
+  const double e = label_smoothing, on = 1 - e, off = e / double(c);
   XentResult res;
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = pl + r * c;
@@ -293,12 +295,15 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
     double sum = 0;
     for (int64_t j = 0; j < c; ++j) sum += std::exp(double(x[j] - mx));
     const double lse = double(mx) + std::log(sum);
-    res.loss_sum += lse - double(x[label]);
+    double mean_term = 0;  // sum over j of x_j, only when smoothing
+    if (e != 0)
+      for (int64_t j = 0; j < c; ++j) mean_term += double(x[j]);
+    res.loss_sum += lse - on * double(x[label]) - off * mean_term;
     res.correct += arg == label;
     if (pd) {
       for (int64_t j = 0; j < c; ++j) {
         const float p = float(std::exp(double(x[j]) - lse));
-        pd[r * c + j] = (p - (j == label ? 1.f : 0.f)) * g;
+        pd[r * c + j] = (p - float((j == label ? on : 0.0) + off)) * g;
       }
     }
   }

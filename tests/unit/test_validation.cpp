@@ -138,6 +138,35 @@ TEST_F(ValidationTest, ImpossibleMetadataIsNamed) {
   m = meta(5);
   m.world_size = 0;
   EXPECT_EQ(impossible_meta(m), "world_size is 0; expected >= 1");
+  // The training recipe's attributes: accumulation, per-channel normalisation, best value.
+  m = meta(5);
+  m.grad_accum = 4;  // one optimizer step per training step with accumulation too
+  m.input_channel_mean = {0.5, 0.4, 0.3};
+  m.input_channel_std = {0.2, 0.2, 0.2};
+  m.best_step = 4;
+  m.best_value = 0.9;
+  m.evals_since_best = 1;
+  EXPECT_EQ(impossible_meta(m), "");
+  auto bad = m;
+  bad.grad_accum = 0;
+  EXPECT_EQ(impossible_meta(bad), "grad_accum is 0; expected >= 1");
+  bad = m;
+  bad.input_channel_mean[1] = kNaN;
+  EXPECT_EQ(impossible_meta(bad), "input_channel_mean[1] is nan; expected a finite value");
+  bad = m;
+  bad.input_channel_std[2] = 0;
+  EXPECT_EQ(impossible_meta(bad), "input_channel_std[2] is 0; expected a finite value > 0");
+  bad = m;
+  bad.best_step = 6;
+  EXPECT_EQ(impossible_meta(bad), "best_step is 6; expected -1 (none) or 0 to the step 5");
+  bad = m;
+  bad.best_value = kInf;
+  EXPECT_EQ(impossible_meta(bad), "best_value is inf; expected a finite value");
+  bad.best_step = -1;  // no evaluation yet: the value is not used
+  EXPECT_EQ(impossible_meta(bad), "");
+  bad = m;
+  bad.evals_since_best = -1;
+  EXPECT_EQ(impossible_meta(bad), "evals_since_best is -1; expected >= 0");
 }
 
 TEST_F(ValidationTest, SaveRefusesNonFiniteValuesAndCreatesNoFile) {
@@ -365,10 +394,13 @@ TEST_F(ValidationTest, NonFiniteFloatSampleIsAnInputErrorNamingFileAndIndex) {
   std::vector<float> x(2 * 3);
   std::vector<int32_t> y(2);
   const int64_t fine[2] = {6, 3};
-  d.read(fine, 2, x.data(), y.data(), 0.0, 1.0);
+  d.read(fine, 2, x.data(), y.data(), Normalization{{0.0}, {1.0}});
   EXPECT_EQ(x[0], 18.f);
   const int64_t bad[2] = {3, 7};
-  expect_error(ErrorKind::input, [&] { d.read(bad, 2, x.data(), y.data(), 0.0, 1.0); },
+  expect_error(ErrorKind::input,
+               [&] {
+                 d.read(bad, 2, x.data(), y.data(), Normalization{{0.0}, {1.0}});
+               },
                {b, "sample 7 (row 2 of this file) holds nan at element 1"});
 }
 
