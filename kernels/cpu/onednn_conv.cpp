@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/onednn_util.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -20,20 +21,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
-
-dt dnnl_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return dt::f32;
-    case DType::bf16:
-      return dt::bf16;
-    case DType::f16:
-      return dt::f16;
-    default:
-      break;
-  }
-  throw_runtime(__FILE__, __LINE__, cat("oneDNN convolution of ", dtype_name(t)));
-}
 
 // Which primitive an entry holds.
 enum Kind { kForward, kBackwardData, kBackwardWeights };
@@ -77,8 +64,9 @@ struct OneDnnConv::Impl {
     const memory::desc none, bias_md(d.bias, dt::f32, tag::x);
     dnnl::convolution_forward::desc fd(
         dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-        memory::desc(d.src, dnnl_type(in), tag::any), memory::desc(d.wei, dnnl_type(in), tag::any),
-        bias ? bias_md : none, memory::desc(d.dst, dnnl_type(out), tag::any), d.strides, d.pad,
+        memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
+        memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any), bias ? bias_md : none,
+        memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::any), d.strides, d.pad,
         d.pad);
     dnnl::primitive_attr attr;
     if (relu) {
@@ -101,33 +89,37 @@ struct OneDnnConv::Impl {
       auto pd = forward_pd(cs, bias, relu, in, out);
       e.prim = dnnl::convolution_forward(pd);
       e.src = pd.src_desc(), e.wei = pd.weights_desc(), e.dst = pd.dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(in), tag::nchw);
-      e.wei_u = memory::desc(d.wei, dnnl_type(in), tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(out), tag::nchw);
+      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
+      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::nchw);
     } else if (kind == kBackwardData) {
       const auto hint = forward_pd(cs, false, false, in, in);
       dnnl::convolution_backward_data::desc bd(
-          dnnl::algorithm::convolution_direct, memory::desc(d.src, dnnl_type(out), tag::any),
-          memory::desc(d.wei, dnnl_type(in), tag::any),
-          memory::desc(d.dst, dnnl_type(in), tag::any), d.strides, d.pad, d.pad);
+          dnnl::algorithm::convolution_direct,
+          memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::any),
+          memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any),
+          memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
+          d.pad);
       dnnl::convolution_backward_data::primitive_desc pd(bd, eng, hint);
       e.prim = dnnl::convolution_backward_data(pd);
       e.src = pd.diff_src_desc(), e.wei = pd.weights_desc(), e.dst = pd.diff_dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(out), tag::nchw);
-      e.wei_u = memory::desc(d.wei, dnnl_type(in), tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(in), tag::nchw);
+      e.src_u = memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::nchw);
+      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
     } else {  // gradients of the filters (and bias) in fp32
       const auto hint = forward_pd(cs, bias, false, in, in);
       dnnl::convolution_backward_weights::desc bd(
-          dnnl::algorithm::convolution_direct, memory::desc(d.src, dnnl_type(in), tag::any),
+          dnnl::algorithm::convolution_direct,
+          memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dt::f32, tag::any), bias ? e.bias_u : none,
-          memory::desc(d.dst, dnnl_type(in), tag::any), d.strides, d.pad, d.pad);
+          memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
+          d.pad);
       dnnl::convolution_backward_weights::primitive_desc pd(bd, eng, hint);
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = pd.src_desc(), e.wei = pd.diff_weights_desc(), e.dst = pd.diff_dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(in), tag::nchw);
+      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
       e.wei_u = memory::desc(d.wei, dt::f32, tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(in), tag::nchw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
     }
     return cache.emplace(key, std::move(e)).first->second;
   }
@@ -184,7 +176,7 @@ bool OneDnnConv::supports(DType in) {
   bool ok = false;
   try {  // the CNN's second convolution as the probe
     const ConvShape cs{64, 32, 26, 26, 64, 3, 3, 1, 0};
-    ok = std::string(im.forward_pd(cs, true, true, in, in).impl_info_str()).rfind("ref", 0) != 0;
+    ok = !is_reference_impl(im.forward_pd(cs, true, true, in, in).impl_info_str());
   } catch (const dnnl::error&) {  // unimplemented for this dtype on this CPU
   }
   return im.supported.emplace(in, ok).first->second;

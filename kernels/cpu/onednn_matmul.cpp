@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "kernels/cpu/onednn_util.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -13,24 +14,6 @@ namespace {
 
 using dnnl::memory;
 using dt = memory::data_type;
-
-dt dnnl_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return dt::f32;
-    case DType::bf16:
-      return dt::bf16;
-    case DType::f16:
-      return dt::f16;
-    default:
-      break;
-  }
-  throw_runtime(__FILE__, __LINE__, cat("oneDNN matmul of ", dtype_name(t), " is not supported"));
-}
-
-// The reference implementations are correct but orders of magnitude slower than the
-// widening path; only JIT / BRGEMM kernels count as support.
-bool is_reference(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
 
 const char* isa_str(dnnl::cpu_isa isa) {
   switch (isa) {
@@ -74,7 +57,7 @@ struct OneDnnMatmul::Impl {
   static memory::desc desc(int64_t rows, int64_t cols, bool trans, DType t) {
     const memory::dims dims{rows, cols};
     const memory::dims strides = trans ? memory::dims{1, rows} : memory::dims{cols, 1};
-    return memory::desc(dims, dnnl_type(t), strides);
+    return memory::desc(dims, dnnl_type(t, "oneDNN matmul"), strides);
   }
 
   dnnl::matmul::primitive_desc make_pd(const memory::desc& a, const memory::desc& b,
@@ -124,7 +107,7 @@ std::string OneDnnMatmul::impl_name(DType in, DType out) { return impl_->probe(i
 bool OneDnnMatmul::supports(DType in, DType out) {
   if (!is_float(in) || !is_float(out)) return false;
   const std::string impl = impl_->probe(in, out);
-  return impl != "none" && !is_reference(impl);
+  return impl != "none" && !is_reference_impl(impl);
 }
 
 void OneDnnMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
