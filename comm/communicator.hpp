@@ -15,6 +15,25 @@ namespace ringtrain::comm {
 
 enum class ReduceOp { sum, max, min };
 
+// Marks the calling thread as running a phase whose failure is agreed afterwards by one
+// collective (launch::agree). Such a phase must not run collectives itself: a rank that
+// failed before reaching one would pair its agreement with another rank's collective. The
+// MPI communicator refuses collectives inside it (an internal error, caught by tests).
+class LocalPhase {
+ public:
+  LocalPhase() { ++depth(); }
+  ~LocalPhase() { --depth(); }
+  LocalPhase(const LocalPhase&) = delete;
+  LocalPhase& operator=(const LocalPhase&) = delete;
+  static bool active() { return depth() > 0; }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

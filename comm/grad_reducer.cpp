@@ -3,7 +3,9 @@
 
 #include <chrono>
 
+#include "comm/control.hpp"
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ringtrain::comm {
@@ -13,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
                          const std::vector<std::pair<int64_t, int64_t>>& params,
                          const std::vector<size_t>& groups)
-    : comm_(comm), cfg_(cfg), grad_(grad), board_(comm.mpi()), watch_(board_, cfg.stall_timeout_s) {
+    : comm_(comm), cfg_(cfg), grad_(grad), watch_(ControlChannel::instance(), cfg.stall_timeout_s) {
   RT_REQUIRE(cfg.bucket_bytes > 0, "--bucket-mb must be positive");
   if (cfg.wire == grad.dtype) {
     wire_ = grad;  // reduce in place
@@ -99,6 +101,7 @@ void GradReducer::reduce(size_t b) {
       kernels::host_from_f32(tmp.data(), dst.data, dst.dtype, k.count);
     }
   }
+  maybe_inject_fault("reduce", step_);
   watch_.enter(step_, int64_t(b));
   comm_.allreduce(wire_.slice(k.offset, {k.count}).data, k.count, wire_.dtype, ReduceOp::sum);
   watch_.leave();

@@ -45,7 +45,7 @@ class GradReducer {
   // grad: the flat gradient buffer (any float dtype); params: (offset, count) of each
   // parameter in it, in forward order; groups: the group (layer) of each parameter, whose
   // gradients become ready together, so a bucket never splits one (empty: one group per
-  // parameter). Collective (creates the stall board).
+  // parameter). Not collective.
   GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
               const std::vector<std::pair<int64_t, int64_t>>& params,
               const std::vector<size_t>& groups = {});
@@ -80,7 +80,6 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // parameter -> bucket
   std::vector<size_t> pending_;    // parameters still to come, per bucket
-  ProgressBoard board_;
   StallWatch watch_;
   int64_t step_ = 0;
   double comm_s_ = 0;

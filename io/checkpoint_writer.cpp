@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 
@@ -125,6 +126,15 @@ void ensure_parents(hid_t file, const std::string& path) {
   }
 }
 
+// "; the file system holding DIR is full (12 KiB free)" when it nearly is, else "".
+std::string space_note(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return "";
+  const uint64_t free_bytes = uint64_t(st.f_bavail) * st.f_frsize;
+  if (free_bytes >= (4u << 20)) return "";
+  return cat("; the file system holding '", dir, "' is full (", free_bytes / 1024, " KiB free)");
+}
+
 }  // namespace
 
 uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
@@ -136,7 +146,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
-  {
+  try {
+    CollectiveFileScope collective;  // destroyed last: the handles below are inside it
     Writer w(comm);
     H5Id f = w.create(tmp);
     write_attr(f, "format", std::string(kCheckpointFormat));
@@ -153,6 +164,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
     for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    maybe_inject_fault("save", m.step);  // between collective writes
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
     H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
@@ -177,7 +189,12 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       w.per_rank(f, p.name, p.tensor);
     }
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
-  }  // collective close: the file is complete on every rank's side
+    // Leaving the block closes the file collectively: complete on every rank's side. On an
+    // error the handles stay open (see H5Id) and the job ends from this rank.
+  } catch (const Error& e) {
+    throw Error(ErrorKind::runtime,
+                cat("saving checkpoint '", tmp, "' failed", space_note(dir()), ": ", e.what()));
+  }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
   if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)

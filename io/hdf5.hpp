@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -37,6 +38,23 @@ struct H5Lock {
     return rt_h5_rc_;                                                              \
   }())
 
+// Marks the calling thread as working on a file opened with MPI-IO (the checkpoint writer),
+// whose handles must not be closed by one rank alone (see H5Id).
+class CollectiveFileScope {
+ public:
+  CollectiveFileScope() { ++depth(); }
+  ~CollectiveFileScope() { --depth(); }
+  CollectiveFileScope(const CollectiveFileScope&) = delete;
+  CollectiveFileScope& operator=(const CollectiveFileScope&) = delete;
+  static bool active() { return depth() > 0; }
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 // An owned hid_t, closed with the function that matches its type.
 class H5Id {
  public:
@@ -53,7 +71,12 @@ class H5Id {
   }
   H5Id(const H5Id&) = delete;
   H5Id& operator=(const H5Id&) = delete;
-  ~H5Id() { reset(); }
+  // While an exception unwinds inside a CollectiveFileScope, the handle is left open rather
+  // than closed: closing is collective, and the other ranks are not closing it; the job
+  // then ends through launch::fail_job (MPI_Abort), which closes nothing.
+  ~H5Id() {
+    if (!(CollectiveFileScope::active() && std::uncaught_exceptions() > 0)) reset();
+  }
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
   void reset();

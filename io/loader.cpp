@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 #include "core/rng.hpp"
 
 namespace ringtrain::io {
@@ -62,6 +63,7 @@ void Loader::advance(int64_t& epoch, int64_t& position) const {
 }
 
 void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
+  maybe_inject_fault("read");
   const int64_t n = data_.info().num_samples;
   if (perm_epoch_ != epoch) {
     perm_ = epoch_permutation(seed_, epoch, n);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
@@ -39,8 +40,11 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
   // hierarchical, or on cuda NCCL or MPI staged through host memory; null: comm itself.
   std::unique_ptr<comm::Communicator> own = make_train_communicator(cfg, comm);
-  Trainer trainer(cfg, own ? *own : comm);
-  return trainer.run();
+  // Setup agrees on its errors; from the first collective on, an error ends the job from
+  // the rank that saw it, with the trainer (its threads, open files) left as it is.
+  std::optional<Trainer> trainer;
+  run_or_fail([&] { trainer.emplace(cfg, own ? *own : comm); });
+  return run_or_fail([&] { return trainer->run(); });
 }
 
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
@@ -76,12 +80,12 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     }
     model->refresh_working_copy(*backend);
   });
-  EvalResult r;
-  agree(comm, [&] {
-    r = evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
+  // Collective (the sums): an error in it ends the job from the rank that saw it.
+  const EvalResult r = run_or_fail([&] {
+    return evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
   });
   if (comm.rank() == 0) {
-    std::printf("eval %s on %s (%lld samples, %s): loss %.4f accuracy %.4f\n",
+    std::printf("eval %s on %s (%lld samples, computed in %s): loss %.4f accuracy %.4f\n",
                 cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
                 dtype_name(cfg.precision), r.loss, r.accuracy);
     MetricsWriter metrics(cfg.metrics);

@@ -49,8 +49,10 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
                                                             comm::Communicator& world) {
   std::unique_ptr<comm::Communicator> out;
   if (cfg.device != "cuda") {
+    // Collective, and its one check (every node holds as many ranks) fails alike on every
+    // rank after the collective: not an agreed phase (see launch/job.hpp).
     if (cfg.comm == "hierarchical")
-      agree(world, [&] { out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi()); });
+      out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi());
     return out;
   }
   // Every rank has its GPU, with the allocator policy of --gpu-memory, before any NCCL call:
@@ -60,7 +62,9 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
     dev = choose_device(cfg.device, world);
     (void)make_backend(dev, 1, cfg.gpu_memory);
   });
-  agree(world, [&] {
+  // Collective (NCCL's and MPI's communicator set-up): not an agreed phase; an error here
+  // ends the job from the rank that saw it (launch/job.hpp).
+  {
     if (cfg.comm == "nccl")
       out = comm::make_nccl_communicator(world.mpi(), dev.index);
     else if (cfg.comm == "hierarchical")
@@ -68,7 +72,7 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
     else  // mpi: device buffers go through host memory around each collective
       out = comm::make_staged_communicator(std::make_unique<comm::MpiCommunicator>(world.mpi()),
                                            dev.index);
-  });
+  }
   return out;
 }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/fault_injection.hpp"
+
 namespace ringtrain::launch {
 
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
@@ -21,6 +23,7 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
   std::vector<int64_t> idx;
   double sums[2] = {0, 0};  // loss sum, correct
   for (int64_t start = lo; start < hi; start += batch) {
+    maybe_inject_fault("eval");
     const int64_t b = std::min(batch, hi - start);
     xs[0] = b;
     idx.resize(size_t(b));

@@ -1,5 +1,5 @@
 // MPI session, the rank's placement on its node (local rank, GPU, CPUs: the rules of
-// launch/ringrun), thread defaults and the agree()/abort_job() error policy.
+// launch/ringrun), thread defaults and the agree()/fail_job() error policy.
 #include "launch/job.hpp"
 
 #include <mpi.h>
@@ -17,6 +17,7 @@
 #include "comm/mpi/mpi_check.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "core/error.hpp"
+#include "core/fault_injection.hpp"
 
 namespace ringtrain::launch {
 
@@ -26,6 +27,8 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   // Errors come back as codes, which MPI_CHECK turns into messages with rank and host.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   world_ = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
+  control_ = std::make_unique<comm::ControlChannel>(MPI_COMM_WORLD);
+  set_fault_rank(world_->rank());
   placement_ = find_placement(*world_);
   const char* verbose = std::getenv("RINGTRAIN_VERBOSE");
   if (verbose && std::string(verbose) == "1") {
@@ -41,6 +44,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 }
 
 MpiSession::~MpiSession() {
+  control_.reset();
   world_.reset();
   MPI_Finalize();
 }
@@ -168,26 +172,41 @@ Placement find_placement(const comm::Communicator& comm) {
   return p;
 }
 
-int threads_for_rank(int requested, const comm::Communicator& comm) {
-  if (requested > 0) return requested;
+namespace {
+
+// The thread count and the rule that gave it.
+std::pair<int, const char*> threads_and_rule(int requested, const comm::Communicator& comm) {
+  if (requested > 0) return {requested, "--threads"};
   int omp = 0;  // launch/ringrun's share of the cores, or the user's
-  if (parse_uint(env_or("OMP_NUM_THREADS"), omp) && omp > 0) return omp;
+  if (parse_uint(env_or("OMP_NUM_THREADS"), omp) && omp > 0) return {omp, "OMP_NUM_THREADS"};
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  // A rank bound to a CPU set (mpirun --bind-to, srun --cpu-bind, taskset) uses that set;
-  // an unbound one shares the node's cores with the other ranks of its node.
+  // A rank bound to a CPU set (mpirun --bind-to, which Open MPI does by default for up to 2
+  // ranks; srun --cpu-bind; taskset) uses that set; an unbound one shares the node's cores
+  // with the other ranks of its node.
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
     const int allowed = CPU_COUNT(&set);
-    if (allowed > 0 && allowed < cores) return allowed;
+    if (allowed > 0 && allowed < cores) return {allowed, "the CPU set this rank is bound to"};
   }
-  return std::max(1, cores / std::max(1, comm.local_size()));
+  return {std::max(1, cores / std::max(1, comm.local_size())), "the node's cores / its ranks"};
+}
+
+}  // namespace
+
+int threads_for_rank(int requested, const comm::Communicator& comm) {
+  return threads_and_rule(requested, comm).first;
+}
+
+std::string threads_rule(int requested, const comm::Communicator& comm) {
+  return threads_and_rule(requested, comm).second;
 }
 
 void agree(comm::Communicator& comm, const std::function<void()>& fn) {
   int code = 0;
   std::string message;
   try {
+    comm::LocalPhase local;
     fn();
   } catch (const Error& e) {
     code = e.exit_code();
@@ -212,13 +231,14 @@ void agree(comm::Communicator& comm, const std::function<void()>& fn) {
   throw JobExit{int(v[0])};
 }
 
-void abort_job(int code, const std::string& message) {
+void fail_job(int code, const std::string& message) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::cerr << cat("ringtrain: error: ", message,
-                   size > 1 ? cat(" [rank ", rank, " on ", hostname(), "]") : std::string(), "\n")
-            << std::flush;
+  const std::string line =
+      cat(message, size > 1 ? cat(" [rank ", rank, " on ", hostname(), "]") : std::string());
+  if (comm::ControlChannel* channel = comm::ControlChannel::instance()) channel->fail(code, line);
+  std::cerr << cat("ringtrain: error: ", line, "\n") << std::flush;
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -1,7 +1,10 @@
 // What a launched process knows about its job (rank, node, host, threads), MPI start-up
-// and shut-down, and the one error policy of launch/: setup phases run under agree(), so
-// that when any rank fails, exactly one rank prints the message and every rank exits with
-// the same code (never a hang, never four copies of the message).
+// and shut-down, and the one error policy of launch/ (docs/architecture.md, "When a rank
+// fails"): a phase without collectives runs under agree(), so that when any rank fails, one
+// rank prints the message and every rank exits with the same code; an error anywhere else
+// (inside the training loop, evaluation, a checkpoint save) goes to fail_job() on the rank
+// that saw it, which tells the other ranks over the control channel and ends the job with
+// MPI_Abort. Never a hang, never four copies of the message.
 #pragma once
 
 #include <functional>
@@ -9,6 +12,8 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/control.hpp"
+#include "core/error.hpp"
 
 namespace ringtrain::launch {
 
@@ -47,10 +52,12 @@ class MpiSession {
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
   comm::Communicator& world() { return *world_; }
+  comm::ControlChannel& control() { return *control_; }
   const Placement& placement() const { return placement_; }
 
  private:
   std::unique_ptr<comm::Communicator> world_;
+  std::unique_ptr<comm::ControlChannel> control_;
   Placement placement_;
 };
 
@@ -60,12 +67,35 @@ std::string hostname();
 // divided among its ranks.
 int threads_for_rank(int requested, const comm::Communicator& comm);
 
-// Runs `fn` on every rank, then agrees on the outcome. On any failure the lowest failing
-// rank prints "ringtrain: error: <message>" to stderr and all ranks throw JobExit with the
-// highest exit code seen (1 = bad input, 2 = runtime failure).
+// Threads for this rank and the rule that chose them, for the start-up line: "--threads",
+// "OMP_NUM_THREADS", "the CPU set the launcher bound this rank to", "cores / ranks on node".
+std::string threads_rule(int requested, const comm::Communicator& comm);
+
+// Runs `fn` on every rank, then agrees on the outcome with one collective. On any failure
+// the lowest failing rank prints "ringtrain: error: <message>" to stderr and all ranks throw
+// JobExit with the highest exit code seen (1 = bad input, 2 = runtime failure). `fn` must
+// not run collectives (a comm::LocalPhase is active; the MPI communicator refuses them):
+// a rank that failed before one would pair its agreement with the others' collective.
 void agree(comm::Communicator& comm, const std::function<void()>& fn);
 
-// Prints an error raised outside agree() and ends the whole job (MPI_Abort with its code).
-[[noreturn]] void abort_job(int code, const std::string& message);
+// Ends the whole job because of an error on this rank: through the control channel (one
+// rank prints, every rank ends within seconds, exit code `code`), else print + MPI_Abort.
+[[noreturn]] void fail_job(int code, const std::string& message);
+
+// Runs `fn` (a phase with collectives, e.g. the training loop) and turns any error it raises
+// into fail_job() right where it is caught, so that nothing of the phase is unwound further
+// (no destructor joins a thread blocked in a collective). JobExit (an agreed exit) passes.
+template <typename Fn>
+auto run_or_fail(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const JobExit&) {
+    throw;
+  } catch (const Error& e) {
+    fail_job(e.exit_code(), e.what());
+  } catch (const std::exception& e) {
+    fail_job(2, cat("unexpected failure: ", e.what()));
+  }
+}
 
 }  // namespace ringtrain::launch

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
   } catch (const JobExit& e) {
     return e.code;
   } catch (const Error& e) {
-    abort_job(e.exit_code(), e.what());
+    fail_job(e.exit_code(), e.what());
   } catch (const std::exception& e) {
-    abort_job(2, cat("unexpected failure: ", e.what()));
+    fail_job(2, cat("unexpected failure: ", e.what()));
   }
   return 0;
 }

@@ -20,4 +20,17 @@ void install_stop_handlers() {
 bool stop_requested() { return g_signal != 0; }
 int stop_signal() { return g_signal; }
 
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "signal " + std::to_string(sig);
+  }
+}
+
 }  // namespace ringtrain::launch

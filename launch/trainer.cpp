@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <thread>
 
+#include "core/fault_injection.hpp"
 #include "core/rng.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 #include "launch/evaluate.hpp"
@@ -38,6 +40,11 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   agree(comm_, [&] { start_from(path); });
+  if (path.empty()) {  // a fresh start: rank 0's initial parameters are every rank's
+    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
+    sync_buffers();
+    model_->refresh_working_copy(*backend_);
+  }
   initial_scale_ = scaler_->scale();  // after a restore: "fallen by 2^10" counts from here
 }
 
@@ -185,8 +192,7 @@ void Trainer::make_reducer() {
     // after the backward kernels that wrote the bucket and before the collective reads it.
     wire_backend_ = make_backend(device_, 1, cfg_.gpu_memory);
     rc.cast = [this](const Tensor& src, const Tensor& dst) {
-      kernels::cuda::synchronize(device_.index);  // also makes the device this thread's
-      wire_backend_->cast(src, dst);
+      kernels::cuda::queue_cast(*wire_backend_, device_.index, src, dst);  // stream-ordered
     };
   }
   // The communication thread and the stall watch call MPI beside the main thread.
@@ -211,6 +217,7 @@ void Trainer::make_reducer() {
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
   model_->set_backward_hook([this](size_t l, const Tensor& dx) {
+    maybe_inject_fault("backward", step_ + 1);
     numerics_->after_backward(l, dx);
     if (!tracing_) return;
     const auto now = Clock::now();
@@ -244,6 +251,7 @@ Trainer::StepOutcome Trainer::step_once() {
   numerics_->begin_step(step_ + 1);
   const Tensor& logits =
       model_->forward(ctx, *x, [&](size_t l, const Tensor& y) { numerics_->after_forward(l, y); });
+  maybe_inject_fault("forward", step);
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   const float scale = scaler_->scale();
   auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
@@ -273,6 +281,14 @@ Trainer::StepOutcome Trainer::step_once() {
   double reduced[4] = {xent.loss_sum, double(xent.correct), stop_requested() ? 1. : 0.,
                        save_due ? 1. : 0.};
   comm_.allreduce(reduced, 4, DType::f64, comm::ReduceOp::sum);
+  if (reduced[2] > 0) {  // rare: which rank (the lowest) received which signal
+    int64_t who =
+        stop_requested() ? (int64_t(stop_signal()) << 32) | (comm_.size() - comm_.rank()) : 0;
+    comm_.allreduce(&who, 1, DType::i64, comm::ReduceOp::max);
+    stop_signal_ = int(who >> 32);
+    stop_rank_ = comm_.size() - int(who & 0xffffffff);
+    stop_ranks_ = int(reduced[2]);
+  }
 
   // --check-numerics: where the first inf/nan appeared (one small allreduce, all ranks).
   const std::string where = numerics_->agree(comm_);
@@ -288,6 +304,7 @@ Trainer::StepOutcome Trainer::step_once() {
     }
     Tensor work = model_->work();
     const auto t_opt = Clock::now();
+    maybe_inject_fault("optimizer", step);
     optimizer_->step(*backend_, model_->master(), grad32_,
                      cfg_.precision == DType::f32 ? nullptr : &work, cfg_.optimizer.lr);
     if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
@@ -329,7 +346,7 @@ Trainer::StepOutcome Trainer::step_once() {
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
   const auto t_ckpt = Clock::now();
-  agree(comm_, [&] {  // collective: every rank writes its share
+  {  // collective: every rank writes its share (an error ends the job: run_or_fail)
     const auto t0 = Clock::now();
     io::CheckpointMeta m;
     m.step = step_;
@@ -355,15 +372,15 @@ void Trainer::save_checkpoint() {
         host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
               : store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(), {},
                              buffer_views(*model_));
-    if (comm_.rank() != 0) return;
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    metrics_.write(JsonLine()
-                       .add("type", "checkpoint")
-                       .add("step", step_)
-                       .add("path", store_->path_for(step_))
-                       .add("seconds", secs)
-                       .add("bytes", int64_t(bytes)));
-  });
+    if (comm_.rank() == 0)
+      metrics_.write(JsonLine()
+                         .add("type", "checkpoint")
+                         .add("step", step_)
+                         .add("path", store_->path_for(step_))
+                         .add("seconds", secs)
+                         .add("bytes", int64_t(bytes)));
+  }
   last_saved_step_ = step_;
   last_save_time_ = Clock::now();
   if (timeline_.on(step_))
@@ -373,15 +390,14 @@ void Trainer::save_checkpoint() {
 void Trainer::run_eval() {
   if (!val_) return;
   sync_buffers();
-  EvalResult r;
-  agree(comm_, [&] {
-    r = evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, loader_->local_batch()),
-                 mean_, std_);
-  });
-  char line[160];
-  std::snprintf(line, sizeof line, "eval step %lld: val loss %.4f accuracy %.4f (%lld samples)",
+  // Collective (its sums): an error in it ends the job from the rank that saw it.
+  const EvalResult r = evaluate(*model_, *val_, comm_, *backend_,
+                                std::max<int64_t>(256, loader_->local_batch()), mean_, std_);
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
                 static_cast<long long>(step_), r.loss, r.accuracy,
-                static_cast<long long>(r.samples));
+                static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
   say(line);
   if (tensorboard_) {
     tensorboard_->scalar("val/loss", step_, r.loss);
@@ -400,11 +416,11 @@ int Trainer::run() {
   const auto& info = data_->info();
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
           " node(s), device ", device_str(device_), ", ", backend_->threads(),
-          " thread(s)/rank, precision ", dtype_name(cfg_.precision),
-          cfg_.precision == DType::f32 ? "" : " (fp32 masters)", ", global batch ", global_batch_,
-          " (", loader_->local_batch(), "/rank), comm ", comm_.backend(), " in ",
-          dtype_name(reducer_->result().dtype), ", ", reducer_->buckets().size(),
-          " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
+          " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
+          dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
+          ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
+          comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
+          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
           model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",
@@ -451,6 +467,7 @@ int Trainer::run() {
                     static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()),
                     double(cfg_.optimizer.lr), sps, duration_str(eta).c_str());
       progress(line, double(step_) / double(std::max<int64_t>(total_steps_, 1)));
+      maybe_inject_fault("metrics", step_);
       if (tensorboard_) {
         const double n = double(window_steps);
         for (auto [tag, v] : {std::pair<const char*, double>{"train/loss", loss},
@@ -493,8 +510,15 @@ int Trainer::run() {
       }
       save_checkpoint();
       finish_timeline();
-      say(cat("stopped by signal ", stop_signal(), " at step ", step_, "; checkpoint ",
-              store_->path_for(step_), " saved. Run the same command again to continue."));
+      say(cat("stopped by ", signal_name(stop_signal_), " on ",
+              stop_ranks_ == comm_.size() && comm_.size() > 1 ? cat("all ", stop_ranks_, " ranks")
+                                                              : cat("rank ", stop_rank_),
+              " at step ", step_, "; checkpoint ", store_->path_for(step_),
+              " saved. Run the same command again to continue."));
+      if (stop_signal_ == SIGTERM && std::getenv("OMPI_COMM_WORLD_SIZE") &&
+          stop_ranks_ == comm_.size())
+        say("(mpirun forwards Ctrl-C and SIGTERM to every rank as SIGTERM, and itself exits 1 "
+            "after Ctrl-C; `kill -USR1 <mpirun pid>` stops the job with exit 75)");
       return 75;
     }
     const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
@@ -510,8 +534,7 @@ int Trainer::run() {
 }
 
 void Trainer::finish_timeline() {
-  std::string path;
-  agree(comm_, [&] { path = timeline_.write(comm_.mpi()); });
+  const std::string path = timeline_.write(comm_.mpi());  // collective: not under agree()
   if (!path.empty()) say(cat("timeline of steps ", cfg_.timeline_steps, " written to ", path));
 }
 

@@ -103,6 +103,7 @@ class Trainer {
   int64_t global_batch_ = 0, total_steps_ = 0, step_ = 0, samples_seen_ = 0;
   int64_t last_saved_step_ = -1, epoch_ = 0;
   double mean_ = 0, std_ = 1;
+  int stop_signal_ = 0, stop_rank_ = 0, stop_ranks_ = 0;  // agreed when a rank got a signal
   std::string resumed_from_;  // what start_state() resumed from, for the first lines
   std::chrono::steady_clock::time_point last_save_time_;
 };

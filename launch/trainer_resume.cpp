@@ -76,12 +76,9 @@ void Trainer::make_loader(int64_t global_batch) {
 void Trainer::start_from(const std::string& path) {
   const int64_t requested =
       cfg_.global_batch_size ? cfg_.global_batch_size : cfg_.batch_size * comm_.size();
-  if (path.empty()) {
+  if (path.empty()) {  // the constructor broadcasts rank 0's parameters afterwards
     make_loader(requested);
     if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
-    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
-    sync_buffers();
-    model_->refresh_working_copy(*backend_);
     return;
   }
   const io::CheckpointMeta m = io::read_checkpoint_meta(path);

@@ -147,24 +147,37 @@ MpiCommunicator::~MpiCommunicator() {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
+namespace {
+void require_not_local_phase(const char* what) {
+  RT_CHECK(!LocalPhase::active(), "MPI ", what,
+           " inside a phase agreed by launch::agree(); collectives belong outside it");
+}
+}  // namespace
+
 void MpiCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  require_not_local_phase("allreduce");
   in_pieces(buf, count, dtype, [&](void* p, int n) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(dtype), mpi_op(op, dtype), comm_));
   });
 }
 
 void MpiCommunicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
+  require_not_local_phase("broadcast");
   in_pieces(buf, count, dtype,
             [&](void* p, int n) { MPI_CHECK(MPI_Bcast(p, n, mpi_type(dtype), root, comm_)); });
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, int64_t count, DType dtype) {
+  require_not_local_phase("allgather");
   RT_CHECK(count <= INT_MAX, "allgather of ", count, " elements per rank");
   MPI_CHECK(
       MPI_Allgather(send, int(count), mpi_type(dtype), recv, int(count), mpi_type(dtype), comm_));
 }
 
-void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  require_not_local_phase("barrier");
+  MPI_CHECK(MPI_Barrier(comm_));
+}
 
 namespace {
 // MPI's int counts and displacements of a segment layout.
@@ -185,6 +198,7 @@ void int_layout(const std::vector<int64_t>& counts, int size, std::vector<int>& 
 
 void MpiCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
                                      ReduceOp op) {
+  require_not_local_phase("reduce_scatter");
   std::vector<int> c, d;
   int_layout(counts, size_, c, d);
   // MPI_IN_PLACE leaves the result at the start of buf: move it to this rank's segment.
@@ -197,6 +211,7 @@ void MpiCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& coun
 }
 
 void MpiCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) {
+  require_not_local_phase("allgatherv");
   std::vector<int> c, d;
   int_layout(counts, size_, c, d);
   MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(),

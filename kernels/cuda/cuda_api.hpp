@@ -70,6 +70,13 @@ void release_cached_memory(int index);
 void synchronize(int index);
 // The device's compute stream as an opaque pointer (cudaStream_t), for comm/nccl.
 void* compute_stream(int index);
+// dst = src converted by `be` (a backend of device `index`), from any thread and without
+// waiting: makes the device the calling thread's current one (cudaSetDevice is per thread)
+// and queues the cast on the device's compute stream, so it runs after the work queued
+// before it (the backward kernels that wrote src) and before the work queued after it (the
+// collective that reads dst). The GradReducer's communication thread casts buckets to the
+// wire dtype with it while backward goes on.
+void queue_cast(Backend& be, int index, const Tensor& src, const Tensor& dst);
 
 // fp32 GEMM and convolution on TF32 tensor cores (default off: strict fp32, like the CPU;
 // also RINGTRAIN_CUDA_TF32=1). Takes effect for shapes not seen before the switch.

@@ -1,6 +1,6 @@
 // CudaBackend: kernels::Backend on one GPU. GEMM through cuBLASLt (cublasGemmEx as the
-// fallback; fp16/bf16 inputs on tensor cores, fp32 accumulation; fp32 is strict fp32 unless
-// RINGTRAIN_CUDA_TF32=1), convolution through cuDNN, everything else our own kernels
+// fallback; any fp16/bf16 operand on tensor cores, fp32 accumulation; fp32 is strict fp32
+// unless RINGTRAIN_CUDA_TF32=1), convolution through cuDNN, everything else our own kernels
 // (elementwise.cu, cnn.cu). All work is queued on the device's one compute stream; only
 // the ops that return a value to the host (softmax_xent, unscale_check, any_nonfinite,
 // sum_squares) wait for it. Tensors must be on this device (checked).
@@ -114,6 +114,9 @@ class CudaBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
 
   DeviceRuntime& runtime() { return rt_; }
+  // Convolution plans that run in fp32 because cuDNN had no deterministic 16-bit algorithm
+  // for the shape (each also warned once on stderr); gpu_bench reports the count.
+  int conv_fp32_fallbacks() const { return conv_fp32_fallbacks_; }
 
  private:
   cudaStream_t stream() const { return rt_.stream(); }
@@ -128,8 +131,9 @@ class CudaBackend final : public Backend {
   void wait();
 
   // gemm.cpp
+  // a and b in one dtype (gemm_types.hpp), c in it or fp32; tf32: fp32 on TF32 tensor cores.
   void gemm_direct(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                   float beta, const Tensor& c);
+                   float beta, const Tensor& c, bool tf32);
   // conv.cpp
   ConvPlan& conv_plan(const ConvShape& cs, DType t);
 
@@ -138,6 +142,7 @@ class CudaBackend final : public Backend {
   Buffer scratch_[kSlots];
   std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> gemm_plans_;
   std::unordered_map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
+  int conv_fp32_fallbacks_ = 0;
 };
 
 }  // namespace ringtrain::kernels::cuda

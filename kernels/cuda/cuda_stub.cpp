@@ -25,6 +25,7 @@ AllocatorStats allocator_stats(int) { not_built(); }
 void release_cached_memory(int) {}
 void synchronize(int) {}
 void* compute_stream(int) { not_built(); }
+void queue_cast(Backend&, int, const Tensor&, const Tensor&) { not_built(); }
 void set_tf32(bool) {}
 bool tf32() { return false; }
 void copy_tensor(const Tensor& dst, const Tensor& src) {

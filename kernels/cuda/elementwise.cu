@@ -5,9 +5,9 @@
 // whole buffer). Formulas follow kernels/cpu term by term, and nvcc runs with --fmad=false,
 // so elementwise results round like the CPU reference (the optimizers match it bitwise).
 // Reductions use a fixed partition and a fixed order: results do not vary between runs.
-#include <cfloat>
 #include <cmath>
 
+#include "kernels/cuda/argmax_rule.hpp"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.hpp"
 
@@ -28,19 +28,53 @@ __global__ void bias_act_kernel(Y* y, const B* bias, int64_t total, int64_t f, i
   }
 }
 
-// partial[s, j] = sum of dy[r, j, :] over the rows r of slice s.
+// partial[s, j] = sum of dy[r, j, 0] over the rows r of slice s, for inner == 1 (a Linear's
+// dy [rows, f]): one thread per column j, so a warp reads 32 neighbouring columns of a row.
 template <typename T>
-__global__ void bias_grad_partial(const T* dy, int64_t rows, int64_t f, int64_t inner,
-                                  float* partial) {
+__global__ void bias_grad_columns(const T* dy, int64_t rows, int64_t f, float* partial) {
   const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t s = blockIdx.y;
   if (j >= f) return;
   const int64_t per = (rows + kBiasGradSlices - 1) / kBiasGradSlices;
   const int64_t r0 = s * per, r1 = r0 + per < rows ? r0 + per : rows;
   float acc = 0.f;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t k = 0; k < inner; ++k) acc += ld(dy, (r * f + j) * inner + k);
+  for (int64_t r = r0; r < r1; ++r) acc += ld(dy, r * f + j);
   partial[s * f + j] = acc;
+}
+
+// partial[s, j] = sum of dy[r, j, :] over the rows r of slice s, for inner > 1 (a
+// convolution's dy [n, k, p*q]): one block per (channel j, slice s); its threads walk the
+// slice's (row, inner) elements of channel j, which lie in contiguous runs of `inner`, so
+// neighbouring threads read neighbouring addresses. Each thread's elements and the tree over
+// the threads are fixed: the result does not vary between runs.
+template <typename T>
+__global__ void bias_grad_channels(const T* dy, int64_t rows, int64_t f, int64_t inner,
+                                   float* partial) {
+  __shared__ float sh[kThreads];
+  const int64_t j = blockIdx.x, s = blockIdx.y;
+  const int64_t per = (rows + kBiasGradSlices - 1) / kBiasGradSlices;
+  const int64_t r0 = s * per, r1 = r0 + per < rows ? r0 + per : rows;
+  // Thread t takes elements e = t, t + B, t + 2B, ... of the slice, e = (r - r0) inner + k;
+  // (r, k) advance by (B / inner, B % inner) with one carry, no division in the loop.
+  const int64_t step_r = blockDim.x / inner, step_k = blockDim.x % inner;
+  int64_t r = r0 + threadIdx.x / inner, k = threadIdx.x % inner;
+  float acc = 0.f;
+  while (r < r1) {
+    acc += ld(dy, (r * f + j) * inner + k);
+    r += step_r;
+    k += step_k;
+    if (k >= inner) {
+      k -= inner;
+      ++r;
+    }
+  }
+  sh[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[s * f + j] = sh[0];
 }
 
 template <typename D>
@@ -81,22 +115,16 @@ __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t 
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;  // uniform across the warp
   const float* x = logits + row * c;
-  // The first maximum (as the CPU's "x[j] > x[arg]" scan).
-  float best = -FLT_MAX;
-  int64_t arg = c;
-  for (int64_t j = lane; j < c; j += 32)
-    if (arg == c || x[j] > best) {
-      best = x[j];
-      arg = j;
-    }
+  // The CPU's arg-max (its "x[j] > x[arg]" scan, NaNs included): argmax_rule.hpp.
+  ArgMax m;
+  for (int64_t j = lane; j < c; j += 32) argmax_visit(m, x[j], j);
   for (int off = 16; off > 0; off >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-    const int64_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
-    if (oa != c && (arg == c || ob > best || (ob == best && oa < arg))) {
-      best = ob;
-      arg = oa;
-    }
+    ArgMax o;
+    o.best = __shfl_xor_sync(0xffffffffu, m.best, off);
+    o.arg = __shfl_xor_sync(0xffffffffu, m.arg, off);
+    m = argmax_merge(m, o);
   }
+  const int64_t arg = argmax_result(m, x[0]);
   const float mx = x[arg];
   double sum = 0;
   for (int64_t j = lane; j < c; j += 32) sum += exp(double(x[j] - mx));
@@ -236,11 +264,16 @@ void launch_bias_act(void* y, DType yt, const void* bias, DType bt, int64_t rows
 void launch_bias_grad(const void* dy, DType t, int64_t rows, int64_t f, int64_t inner,
                       float* partial, void* db, DType dbt, cudaStream_t s) {
   if (f == 0) return;
-  const dim3 grid(unsigned((f + kThreads - 1) / kThreads), kBiasGradSlices);
   dispatch(t, [&](auto T) {
     using TT = typename decltype(T)::type;
-    bias_grad_partial<<<grid, kThreads, 0, s>>>(static_cast<const TT*>(dy), rows, f, inner,
-                                                partial);
+    if (inner == 1) {
+      const dim3 grid(unsigned((f + kThreads - 1) / kThreads), kBiasGradSlices);
+      bias_grad_columns<<<grid, kThreads, 0, s>>>(static_cast<const TT*>(dy), rows, f, partial);
+    } else {
+      const dim3 grid(unsigned(f), kBiasGradSlices);
+      bias_grad_channels<<<grid, kThreads, 0, s>>>(static_cast<const TT*>(dy), rows, f, inner,
+                                                   partial);
+    }
     CUDA_CHECK_LAUNCH();
   });
   dispatch(dbt, [&](auto D) {

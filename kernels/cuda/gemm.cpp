@@ -1,15 +1,16 @@
 // CudaBackend::gemm: row-major C = alpha op(A) op(B) + beta C through cuBLASLt, computed as
 // the column-major C^T = op(B)^T op(A)^T (a row-major matrix is its transpose in column
-// major, so no data moves). fp16/bf16 inputs run on tensor cores with fp32 accumulation
-// (CUBLAS_COMPUTE_32F) and one rounding into C (fp32 or the inputs' dtype); fp32 is strict
-// fp32 unless RINGTRAIN_CUDA_TF32=1. Dtype mixes cuBLASLt has no kernel for (an fp32 and a
-// 16-bit input, a 16-bit C from fp32 inputs) go through fp32 copies, as the CPU backend does.
-// Each (shape, dtypes, alignment) gets a plan — descriptors and the heuristic's algorithm —
-// made once; cublasGemmEx is the fallback when the heuristic has none (or on request:
-// RINGTRAIN_CUDA_GEMM=gemmex).
+// major, so no data moves). Which dtypes cuBLAS sees is choose_gemm_types() (gemm_types.hpp):
+// any 16-bit operand puts the product on tensor cores with fp32 accumulation (an fp32
+// operand beside a 16-bit one is rounded to that dtype, as autocast does); fp32 with fp32 is
+// strict fp32 unless RINGTRAIN_CUDA_TF32=1; a C dtype cuBLAS cannot write from those inputs
+// goes through fp32 scratch and one rounding. Each (shape, dtypes, alignment) gets a plan —
+// descriptors and the heuristic's algorithm — made once; cublasGemmEx is the fallback when
+// the heuristic has none (or on request: RINGTRAIN_CUDA_GEMM=gemmex).
 #include <cstdio>
 
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/gemm_types.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace ringtrain::kernels::cuda {
@@ -55,23 +56,20 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
   check_device(b, "gemm input b");
   check_device(c, "gemm output");
   if (m == 0 || n == 0) return;
-  // Inputs of one dtype; C in it or in fp32: one cuBLASLt call.
-  const DType in = a.dtype == b.dtype ? a.dtype : DType::f32;
-  const Tensor a2 = as_dtype(a, in, kScratchA), b2 = as_dtype(b, in, kScratchB);
-  if (c.dtype == in || c.dtype == DType::f32)
-    return gemm_direct(trans_a, trans_b, alpha, a2, b2, beta, c);
-  // A 16-bit C from fp32 inputs: compute in fp32, round once.
+  const GemmTypes g = choose_gemm_types(a.dtype, b.dtype, c.dtype, cuda_env().tf32);
+  const Tensor a2 = as_dtype(a, g.in, kScratchA), b2 = as_dtype(b, g.in, kScratchB);
+  if (g.out == c.dtype) return gemm_direct(trans_a, trans_b, alpha, a2, b2, beta, c, g.tf32);
+  // A C dtype cuBLAS does not write from these inputs: compute into fp32, round once.
   Tensor c32(scratch(kScratchC, size_t(c.numel()) * 4), c.shape, DType::f32, device());
   if (beta != 0.f) launch_cast(c.data, c.dtype, c32.data, DType::f32, c.numel(), stream());
-  gemm_direct(trans_a, trans_b, alpha, a2, b2, beta, c32);
+  gemm_direct(trans_a, trans_b, alpha, a2, b2, beta, c32, g.tf32);
   launch_cast(c32.data, DType::f32, c.data, c.dtype, c.numel(), stream());
 }
 
 void CudaBackend::gemm_direct(bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                              const Tensor& b, float beta, const Tensor& c) {
+                              const Tensor& b, float beta, const Tensor& c, bool tf32) {
   const int64_t m = c.dim(0), n = c.dim(1), k = trans_a ? a.dim(0) : a.dim(1);
   const int64_t lda = a.dim(1), ldb = b.dim(1), ldc = n;
-  const bool tf32 = cuda_env().tf32 && a.dtype == DType::f32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is our B
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -233,6 +233,10 @@ void synchronize(int index) {
   CUDA_CHECK(cudaStreamSynchronize(rt.stream()));
 }
 void* compute_stream(int index) { return runtime(index).stream(); }
+void queue_cast(Backend& be, int index, const Tensor& src, const Tensor& dst) {
+  runtime(index).make_current();
+  be.cast(src, dst);
+}
 
 void copy_tensor(const Tensor& dst, const Tensor& src) {
   RT_CHECK(dst.bytes() == src.bytes(), "copy of ", src.bytes(), " bytes into ", dst.bytes());

@@ -12,6 +12,6 @@ took=$(( $(date +%s) - start ))
 cat "$dir/err"
 [[ $rc -eq 2 ]] || fail "exit code $rc, expected 2"
 (( took < 60 )) || fail "the job took $took s to end"
-grep -q "stall: rank [01] on .* in the gradient allreduce of step 3 bucket 0; not arrived: rank 2 is at step 2" \
+grep -q "stall: rank [01] on .* in the gradient allreduce of step 3 bucket 0; not arrived: rank 2 on [^ ]* is at step 2" \
   "$dir/err" || fail "the message does not name rank 2 at step 2"
 pass "stall detected in $took s, rank 2 named, exit 2"

@@ -1,5 +1,6 @@
-// main() of the single-process GPU suites: states once, up front, why the suite skips when
-// there is no CUDA device (ctest's SKIP_REGULAR_EXPRESSION matches that line), then runs.
+// main() of the single-process GPU suites. Without a usable CUDA device it says why and
+// exits 77 before running anything: ctest's SKIP_RETURN_CODE shows that, and only that, as
+// Skipped. With a device every test runs, and a failure is a failure (exit 1).
 #include <cstdio>
 
 #include "tests/gpu/gpu_util.hpp"
@@ -7,6 +8,9 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const std::string& why = ringtrain::test::no_gpu_reason();
-  if (!why.empty()) std::printf("SKIPPED: no CUDA device (%s)\n", why.c_str());
+  if (!why.empty()) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", why.c_str());
+    return ringtrain::test::kNoDeviceExit;
+  }
   return RUN_ALL_TESTS();
 }

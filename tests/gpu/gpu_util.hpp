@@ -1,4 +1,5 @@
-// Helpers of the GPU tests (label gpu): the visible skip when there is no CUDA device,
+// Helpers of the GPU tests (label gpu): whether there is a CUDA device (and the exit status
+// that says there is none),
 // tensors made on the host and mirrored on the device, read-back as floats, and a
 // tolerance check that names the worst element.
 #pragma once
@@ -33,11 +34,17 @@ inline const std::string& no_gpu_reason() {
   return why;
 }
 
-// First statement of every GPU test: ctest's SKIP_REGULAR_EXPRESSION matches the text.
-#define RT_NEED_GPU()                                                                           \
-  do {                                                                                          \
-    if (!::ringtrain::test::no_gpu_reason().empty())                                            \
-      GTEST_SKIP() << "SKIPPED: no CUDA device (" << ::ringtrain::test::no_gpu_reason() << ")"; \
+// The exit status of a GPU suite that found no device (ctest's SKIP_RETURN_CODE): the
+// suite's main() decides that once, before any test runs, so no failure can look skipped.
+constexpr int kNoDeviceExit = 77;
+
+// First statement of every GPU test: a device is there (main() made sure); running without
+// one, e.g. under another main(), fails loudly instead of skipping.
+#define RT_NEED_GPU()                                                                  \
+  do {                                                                                 \
+    if (!::ringtrain::test::no_gpu_reason().empty())                                   \
+      FAIL() << "no CUDA device (" << ::ringtrain::test::no_gpu_reason()               \
+             << "): GPU tests run under gpu_main.cpp, which exits 77 before any test"; \
   } while (0)
 
 inline Device gpu() { return Device{Device::cuda, 0}; }

@@ -1,7 +1,15 @@
 // The pieces `ringtrain train --device cuda` adds around the model (launch/device.hpp and
 // core's device handling): a model built under a DeviceScope has device-labelled flat views,
 // Model::init_parameters gives it the host's values through staging, HostMirror copies the
-// masters, buffers and optimizer state to the host and back, and BatchStage uploads a batch.
+// masters, buffers and optimizer state to the host and back, BatchStage uploads a batch, and
+// the GradReducer's wire-dtype cast is queued on the stream without waiting for it.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "launch/device.hpp"
@@ -87,6 +95,53 @@ TEST(DeviceRun, BatchStageUploads) {
   EXPECT_EQ(floats(b.x), floats(xh));
   EXPECT_EQ(floats(b.y), floats(yh));
   EXPECT_EQ(&stage(host, Device{}), &host);  // cpu: the host batch itself
+}
+
+// The communication thread's cast to the wire dtype (kernels::cuda::queue_cast, the body
+// of the Trainer's ReducerConfig::cast) must queue behind the backward work already on the
+// compute stream and return at once, so buckets go out while backward runs. The stream is
+// held here by a host function that blocks until released; the cast, called from another
+// thread, has to come back while it is still held (a cast that synchronised would wait for
+// the release, which only comes after 30 s).
+TEST(DeviceRun, WireCastQueuesWithoutWaitingForTheStream) {
+  RT_NEED_GPU();
+  const int64_t n = 4099;
+  Pair src = make_pair({n}, DType::f32, uniform(n, -3, 3, 12)), dst = make_pair({n}, DType::bf16);
+  auto wire = kernels::cuda::make_cuda_backend(0);
+  // Once unblocked first: the cast kernel is then loaded (lazy loading may synchronise).
+  kernels::cuda::queue_cast(*wire, 0, src.d(), dst.d());
+  kernels::cuda::synchronize(0);
+  Pair zero = make_pair({n}, DType::bf16);
+  copy_bytes(dst.d().data, gpu(), zero.h().data, Device{}, dst.d().bytes());
+
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  } gate;
+  auto stream = static_cast<cudaStream_t>(kernels::cuda::compute_stream(0));
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream,
+                [](void* p) {
+                  auto* g = static_cast<Gate*>(p);
+                  std::unique_lock<std::mutex> lock(g->mu);
+                  g->cv.wait(lock, [g] { return g->open; });
+                },
+                &gate),
+            cudaSuccess);
+  auto cast = std::async(std::launch::async,
+                         [&] { kernels::cuda::queue_cast(*wire, 0, src.d(), dst.d()); });
+  const bool returned = cast.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  {
+    std::lock_guard<std::mutex> lock(gate.mu);
+    gate.open = true;
+  }
+  gate.cv.notify_all();
+  cast.get();
+  EXPECT_TRUE(returned) << "queue_cast waited for the compute stream";
+  kernels::cuda::synchronize(0);
+  cpu_backend().cast(src.h(), dst.h());
+  EXPECT_EQ(floats(dst.d()), floats(dst.h()));  // and it ran, after the held work
 }
 
 }  // namespace

@@ -114,8 +114,17 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
-  if (!ringtrain::test::no_gpu_reason().empty() && ringtrain::test::world_rank() == 0)
-    std::printf("SKIPPED: no CUDA device (%s)\n", ringtrain::test::no_gpu_reason().c_str());
+  // No device on any rank: every rank exits 77 (ctest's SKIP_RETURN_CODE; mpiexec passes
+  // it on) before a test runs, so a failing test can never be reported as skipped.
+  int no_gpu = !ringtrain::test::no_gpu_reason().empty(), any_no_gpu = 0;
+  MPI_Allreduce(&no_gpu, &any_no_gpu, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_no_gpu) {
+    if (ringtrain::test::world_rank() == 0)
+      std::printf("SKIPPED: no CUDA device (%s)\n",
+                  no_gpu ? ringtrain::test::no_gpu_reason().c_str() : "not on every rank");
+    MPI_Finalize();
+    return ringtrain::test::kNoDeviceExit;
+  }
   if (ringtrain::test::world_rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

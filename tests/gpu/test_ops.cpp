@@ -38,15 +38,44 @@ TEST_P(OpTest, Gemm) {
         }
 }
 
-TEST_P(OpTest, GemmMixedInputs) {  // Linear's backward through an fp32 last layer
+// Unit roundoff of a dtype: the largest relative error of rounding to it.
+double unit_roundoff(DType t) {
+  return t == DType::f32 ? 0x1p-24 : t == DType::f16 ? 0x1p-11 : 0x1p-8;
+}
+
+// Linear's backward through an fp32 last layer: fp32 dlogits (a) against 16-bit activations
+// or weights (b). The GPU rounds a to b's dtype and runs on tensor cores (gemm_types.hpp);
+// the CPU multiplies exactly in fp32. Per element the two differ by at most the rounding of
+// a (u_in S, S = sum |a||b|), the two roundings of C (u_c |C| each) and fp32 accumulation in
+// different orders (k 2^-23 S).
+TEST_P(OpTest, GemmMixedInputs) {
   const int64_t m = size(), n = size() + 1, k = size() + 2;
-  Pair a = make_pair({k, m}, DType::f32, uniform(m * k, -1, 1, 4));
-  Pair b = make_pair({k, n}, dt(), uniform(k * n, -1, 1, 5));
+  const auto av = uniform(m * k, -1, 1, 4), bv = uniform(k * n, -1, 1, 5);
+  Pair a = make_pair({k, m}, DType::f32, av);
+  Pair b = make_pair({k, n}, dt(), bv);
   Pair c = make_pair({m, n}, dt());
   cpu().gemm(true, false, 1.f, a.h(), b.h(), 0.f, c.h());
   gpu().gemm(true, false, 1.f, a.d(), b.d(), 0.f, c.d());
-  const auto want = floats(c.h());
-  EXPECT_TRUE(all_close(floats(c.d()), want, rtol_of(dt()), 1e-5 * max_abs(want)));
+  // S = |a|^T |b| on the host, from b as rounded to its dtype.
+  std::vector<float> aa(av.size()), ba = floats(b.h());
+  for (size_t i = 0; i < av.size(); ++i) aa[i] = std::fabs(av[i]);
+  for (auto& v : ba) v = std::fabs(v);
+  Pair as = make_pair({k, m}, DType::f32, aa), bs = make_pair({k, n}, DType::f32, ba);
+  Pair sum = make_pair({m, n}, DType::f32);
+  cpu().gemm(true, false, 1.f, as.h(), bs.h(), 0.f, sum.h());
+  const auto want = floats(c.h()), got = floats(c.d()), s_abs = floats(sum.h());
+  const double u_in = unit_roundoff(dt()), u_c = unit_roundoff(dt());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double bound = 1.01 * (u_in * s_abs[i] * (1 + u_c) + 2 * u_c * std::fabs(want[i]) +
+                                 double(k) * 0x1p-23 * s_abs[i]);
+    const double ratio = std::fabs(double(got[i]) - double(want[i])) / bound;
+    if (!(ratio <= 1)) ++bad;
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  EXPECT_EQ(bad, 0u) << "worst at " << worst << ": gpu " << got[worst] << " cpu " << want[worst]
+                     << " (" << worst_ratio << " x the bound)";
 }
 
 TEST_P(OpTest, Cast) {
@@ -80,6 +109,19 @@ TEST_P(OpTest, BiasGrad) {
   cpu().bias_grad(dy.h(), db.h());
   gpu().bias_grad(dy.d(), db.d());
   EXPECT_TRUE(all_close(floats(db.d()), floats(db.h()), rtol_of(dt()), 1e-5 * double(rows)));
+  // A convolution's bias gradient, dy [n, k, p, q] summed over n, p and q (the per-channel
+  // block reduction), with a row count that does not divide into the 32 slices.
+  kernels::ConvShape cs;
+  cs.n = size() / 2 + 3, cs.c = 2, cs.h = 9, cs.w = 11, cs.k = 19, cs.r = 3, cs.s = 3;
+  cs.stride = 1, cs.pad = 1;
+  const int64_t xn = cs.n * cs.c * cs.h * cs.w, yn = cs.n * cs.k * cs.p() * cs.q();
+  Pair x = make_pair({cs.n, cs.c, cs.h, cs.w}, dt(), uniform(xn, -1, 1, 40));
+  Pair cdy = make_pair({cs.n, cs.k, cs.p(), cs.q()}, dt(), uniform(yn, -1, 1, 41));
+  Pair dw = make_pair({cs.k, cs.c, cs.r, cs.s}, dt()), cdb = make_pair({cs.k}, DType::f32);
+  cpu().conv2d_backward_filter(cs, x.h(), cdy.h(), dw.h(), &cdb.h());
+  gpu().conv2d_backward_filter(cs, x.d(), cdy.d(), dw.d(), &cdb.d());
+  // fp32 sums of yn / k terms of size <= 1 in two orders.
+  EXPECT_TRUE(all_close(floats(cdb.d()), floats(cdb.h()), 0, 1e-6 * double(yn / cs.k)));
 }
 
 TEST_P(OpTest, Relu) {
@@ -108,6 +150,33 @@ TEST_P(OpTest, SoftmaxCrossEntropy) {
   EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-9 * std::fabs(want.loss_sum));
   EXPECT_EQ(got.correct, want.correct);
   EXPECT_TRUE(all_close(floats(dl.d()), floats(dl.h()), 1e-6, 1e-9));
+}
+
+// Rows with NaN and infinite logits: the GPU counts a row correct exactly when the CPU does
+// (the CPU's scan keeps index 0 when x[0] is NaN and otherwise skips NaNs). Each row's label
+// is the CPU's arg-max, so any disagreement lowers the GPU's count.
+TEST_P(OpTest, SoftmaxArgMaxWithNan) {
+  const int64_t rows = size(), c = size() == 7 ? 10 : 300;
+  auto v = uniform(rows * c, -5, 5, 13);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = v.data() + r * c;
+    for (int64_t j = r % 3; j < c; j += 7 + r % 5) x[j] = NAN;  // NaN in several lanes
+    if (r % 4 == 1) x[0] = NAN;
+    if (r % 6 == 2) x[(r * 11) % c] = INFINITY;
+    x[(r * 13 + 1) % c] = 9.f;  // a maximum for NaNs to shadow
+  }
+  Pair logits = make_pair({rows, c}, DType::f32, v);
+  std::vector<float> lab(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    Tensor row(logits.h().as<float>() + r * c, {1, c}, DType::f32);
+    for (int32_t l = 0; l < c; ++l) {
+      Tensor one(&l, {1}, DType::i32);
+      if (cpu().softmax_xent(row, one, 1.f, nullptr).correct) lab[size_t(r)] = float(l);
+    }
+  }
+  Pair labels = make_pair({rows}, DType::i32, lab);
+  EXPECT_EQ(cpu().softmax_xent(logits.h(), labels.h(), 1.f, nullptr).correct, rows);
+  EXPECT_EQ(gpu().softmax_xent(logits.d(), labels.d(), 1.f, nullptr).correct, rows);
 }
 
 TEST_P(OpTest, UnscaleCheckAndNonFinite) {

@@ -14,7 +14,9 @@
 #   6. --check-numerics names a nan injected into fc2's output on the GPU, and --tensorboard
 #      writes histograms (read back from device memory).
 # Without a CUDA device (or in a build without CUDA) it prints "SKIPPED: no CUDA device
-# (reason)" and ctest reports the test as skipped.
+# (reason)" and exits 77, which ctest (SKIP_RETURN_CODE) reports as skipped; every other
+# outcome is a pass (0) or a failure (1). Each run is bounded (60 s), the whole test by
+# ctest's TIMEOUT (300 s).
 # Self-test of the comparisons without a GPU: GPU_ARGS="--device cpu" GPU_COMM=mpi.
 set -euo pipefail
 
@@ -34,7 +36,7 @@ pass() { echo "ok: $*"; }
 mpi() {
   local n=$1
   shift
-  timeout 300 mpirun -n "$n" "$@"
+  timeout 60 mpirun -n "$n" "$@"
 }
 
 # GPUs visible to this process: CUDA_VISIBLE_DEVICES if set, else nvidia-smi's list.
@@ -90,7 +92,7 @@ run gpu_mlp "$ranks" --model mlp --hidden 64,32 --steps 8 --comm "$comm" "${gpu_
 if [[ $rc -ne 0 ]]; then
   if grep -qE "no usable CUDA device|has no CUDA backend" "$dir/gpu_mlp.err"; then
     echo "SKIPPED: no CUDA device ($(grep -m1 'ringtrain: error' "$dir/gpu_mlp.err"))"
-    exit 0
+    exit 77
   fi
   cat "$dir/gpu_mlp.out" "$dir/gpu_mlp.err"
   fail "--device cuda mlp run exited $rc"

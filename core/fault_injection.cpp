@@ -1,0 +1,53 @@
+// RINGTRAIN_TEST_FAIL parsing and the injection check (see fault_injection.hpp).
+#include "core/fault_injection.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace ringtrain {
+namespace {
+
+struct Fault {
+  int rank = -1;
+  char point[32] = {0};
+  long long step = -1;
+  bool valid = false;
+};
+
+std::atomic<int> g_rank{-1};
+
+const Fault& fault() {
+  static const Fault f = [] {
+    Fault f;
+    const char* v = std::getenv("RINGTRAIN_TEST_FAIL");
+    if (!v || !*v) return f;
+    const int n = std::sscanf(v, "%d:%31[a-z]:%lld", &f.rank, f.point, &f.step);
+    RT_REQUIRE(n >= 2, "RINGTRAIN_TEST_FAIL='", v, "' is not valid; expected RANK:POINT[:STEP]");
+    f.valid = true;
+    return f;
+  }();
+  return f;
+}
+
+}  // namespace
+
+void set_fault_rank(int rank) {
+  g_rank.store(rank);
+  fault();  // a malformed variable is reported at start-up
+}
+
+void maybe_inject_fault(const char* point, int64_t step) {
+  const Fault& f = fault();
+  if (!f.valid || f.rank != g_rank.load() || std::strcmp(f.point, point) != 0) return;
+  if (f.step >= 0 && step >= 0 && f.step != step) return;
+  throw Error(ErrorKind::runtime,
+              cat("injected test failure at '", point, "' on rank ", f.rank,
+                  step >= 0 ? cat(" in step ", step) : std::string(), " (RINGTRAIN_TEST_FAIL)"));
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,18 @@
+// Test-only fault injection: RINGTRAIN_TEST_FAIL=RANK:POINT[:STEP] makes rank RANK throw a
+// runtime error (exit 2) when it reaches POINT (at step STEP, or the first time when no step
+// is given). The end-to-end tests use it to prove that an error at any point of the loop, on
+// any rank, ends every rank with one message (tests/e2e/failures.sh). Points: read (the
+// loader thread), forward, backward, reduce (the communication thread), optimizer, eval,
+// save (between collective writes of a checkpoint), metrics (rank 0's metrics writer).
+#pragma once
+
+#include <cstdint>
+
+namespace ringtrain {
+
+// The rank this process is; set once by launch/ at start-up (core knows no MPI).
+void set_fault_rank(int rank);
+// Throws when RINGTRAIN_TEST_FAIL names this rank, `point` and `step` (-1: any step).
+void maybe_inject_fault(const char* point, int64_t step = -1);
+
+}  // namespace ringtrain
