@@ -35,20 +35,24 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec) {
   return files;
 }
 
-Dataset::Dataset(const std::string& spec) {
+Dataset::Dataset(const std::string& spec, bool labels_required) {
   info_.path = spec;
   for (const auto& f : resolve_dataset_files(spec)) {
     shards_.push_back(std::make_unique<ShardFile>(f));
     const ShardInfo& s = shards_.back()->info();
     const ShardInfo& first = shards_.front()->info();
     RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
-                   s.num_classes == first.num_classes && s.has_norm == first.has_norm &&
-                   s.mean == first.mean && s.std == first.std,
+                   s.num_classes == first.num_classes && s.has_labels == first.has_labels &&
+                   s.has_norm == first.has_norm && s.mean == first.mean && s.std == first.std,
                "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
                dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
                shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
                dtype_name(first.image_dtype), " in ", first.num_classes,
-               " classes; all shards of a dataset must share one schema (and mean/std)");
+               " classes; all shards of a dataset must share one schema (labels or none, "
+               "mean/std)");
+    RT_REQUIRE(s.has_labels || !labels_required, "dataset '", f,
+               "' has no /labels; training and eval need labelled data (`ringtrain predict` "
+               "reads unlabelled data)");
     offsets_.push_back(info_.num_samples);
     info_.num_samples += s.num_samples;
   }
@@ -58,6 +62,7 @@ Dataset::Dataset(const std::string& spec) {
   info_.sample_shape = first.sample_shape;
   info_.image_dtype = first.image_dtype;
   info_.num_classes = first.num_classes;
+  info_.has_labels = first.has_labels;
   info_.has_norm = first.has_norm;
   info_.mean = first.mean;
   info_.std = first.std;
@@ -76,6 +81,7 @@ void Dataset::enable_cache() {
 
 void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double mean, double std) {
   if (n == 0) return;
+  RT_CHECK(y == nullptr || info_.has_labels, "labels asked of '", info_.path, "', which has none");
   for (int64_t i = 0; i < n; ++i)
     RT_CHECK(idx[i] >= 0 && idx[i] < info_.num_samples, "sample index ", idx[i], " outside [0, ",
              info_.num_samples, ") in ", info_.path);
@@ -132,6 +138,7 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, double m
       const float* f = reinterpret_cast<const float*>(src);
       for (int64_t k = 0; k < per; ++k) dst[k] = f[k] * scale + shift;
     }
+    if (!y) continue;
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);

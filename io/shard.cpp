@@ -23,28 +23,34 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   RT_REQUIRE(version && *version == kDatasetVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
              kDatasetVersion);
+  RT_REQUIRE(has_link(file_, "images"), what, " must hold a dataset /images");
+  info_.has_labels = has_link(file_, "labels");
+  // Unlabelled data (for `predict`) may leave the number of classes unsaid.
   auto classes = read_attr_int(file_, "num_classes");
-  RT_REQUIRE(classes && *classes >= 2, what, " needs an integer attribute num_classes >= 2");
-  info_.num_classes = *classes;
-
-  RT_REQUIRE(has_link(file_, "images") && has_link(file_, "labels"), what,
-             " must hold datasets /images and /labels");
+  RT_REQUIRE((classes && *classes >= 2) || (!classes && !info_.has_labels), what,
+             " needs an integer attribute num_classes >= 2",
+             info_.has_labels ? "" : " (or none, as it has no /labels)");
+  info_.num_classes = classes ? *classes : 0;
   // No chunk cache for the images: with uncompressed chunks HDF5 then reads just the
   // selected rows instead of staging a whole ~1 MiB chunk for every sample.
   H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
   images_ = H5Id(H5_CHECK(H5Dopen2(file_, "images", dapl)));
-  labels_ = open_dataset(file_, "labels");
-  Shape ishape = dataset_shape(images_), lshape = dataset_shape(labels_);
-  auto itype = dataset_dtype(images_), ltype = dataset_dtype(labels_);
+  Shape ishape = dataset_shape(images_);
+  auto itype = dataset_dtype(images_);
   RT_REQUIRE(itype && (*itype == DType::u8 || *itype == DType::f32), what,
              ": /images must be uint8 or float32");
-  RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
-             ": /labels must be int32 or int64");
   RT_REQUIRE(ishape.size() == 2 || ishape.size() == 4, what, ": /images has shape ",
              shape_str(ishape), "; expected [N, C, H, W] or [N, D]");
-  RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
-             shape_str(lshape), "; expected [", ishape[0], "] to match /images");
+  if (info_.has_labels) {
+    labels_ = open_dataset(file_, "labels");
+    Shape lshape = dataset_shape(labels_);
+    auto ltype = dataset_dtype(labels_);
+    RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
+               ": /labels must be int32 or int64");
+    RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
+               shape_str(lshape), "; expected [", ishape[0], "] to match /images");
+  }
   RT_REQUIRE(ishape[0] > 0, what, " holds no samples");
   info_.image_dtype = *itype;
   info_.num_samples = ishape[0];
@@ -177,6 +183,7 @@ void ShardFile::read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t*
   }
   H5Lock lock;
   if (fd_ < 0) read_images_hyperslab(rows, m, raw);
+  if (!info_.has_labels) return;
   H5Id lspace(H5_CHECK(H5Dget_space(labels_)));
   select_rows(lspace, rows, m);
   const hsize_t lm = hsize_t(m);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/model.hpp"
@@ -15,7 +16,10 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
+// With `confusion` (classes x classes, row = label, column = the arg-max class), it is also
+// filled with the counts of every (label, prediction) pair, summed over the ranks.
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
-                    kernels::Backend& backend, int64_t batch, double mean, double std);
+                    kernels::Backend& backend, int64_t batch, double mean, double std,
+                    std::vector<double>* confusion = nullptr);
 
 }  // namespace ringtrain::launch

@@ -42,6 +42,12 @@ JsonLine& JsonLine::add(const std::string& k, double v) {
   return *this;
 }
 
+JsonLine& JsonLine::add_json(const std::string& k, const std::string& json) {
+  key(k);
+  body_ += json;
+  return *this;
+}
+
 JsonLine& JsonLine::add(const std::string& k, int64_t v) {
   key(k);
   body_ += std::to_string(v);

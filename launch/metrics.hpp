@@ -17,6 +17,8 @@ class JsonLine {
   JsonLine& add(const std::string& key, double v);
   JsonLine& add(const std::string& key, int64_t v);
   JsonLine& add(const std::string& key, int v) { return add(key, int64_t(v)); }
+  // A value that is already JSON text (an array or object built by the caller).
+  JsonLine& add_json(const std::string& key, const std::string& json);
   std::string str() const { return "{" + body_ + "}"; }
 
  private:
