@@ -117,6 +117,7 @@ std::vector<std::string> read_strings(hid_t loc, const std::string& name, const 
   }
   const size_t width = H5Tget_size(type);
   H5_CHECK(H5Tset_size(mem, width));
+  H5_CHECK(H5Tset_strpad(mem, H5T_STR_NULLPAD));  // all `width` bytes, no terminator kept
   std::vector<char> buf(n * width + 1, '\0');
   RT_REQUIRE(H5Dread(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) >= 0, what, ": /", name,
              " cannot be read (", h5_error_stack(), ")");
@@ -149,8 +150,8 @@ void add_channel_stats(const uint8_t* images, int64_t n, const Shape& sample, DT
           si += v;
           qi += v * v;
         }
-        s = double(si) / 255.0;
-        q = double(qi) / (255.0 * 255.0);
+        s = double(si);
+        q = double(qi);
       } else {
         const float* f = reinterpret_cast<const float*>(images) + off;
         for (int64_t k = 0; k < per; ++k) {

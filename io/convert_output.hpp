@@ -41,8 +41,10 @@ std::vector<std::string> read_strings(hid_t loc, const std::string& name, const 
 // /class_names of a dataset file, or empty when it has none.
 std::vector<std::string> read_class_names(const std::string& dataset_file);
 
-// Adds, per channel c, the sum and sum of squares of the values of n samples [C, ...] (uint8
-// scaled to [0, 1], float32 as they are) to sum[c] and sq[c].
+// Adds, per channel c, the sum and sum of squares of the values of n samples [C, ...] to
+// sum[c] and sq[c]. uint8 values are added unscaled: the sums are integers, exact in a
+// double up to 2^53, so they do not depend on how the samples are split over ranks (scale
+// by 1/255 and 1/255^2 afterwards).
 void add_channel_stats(const uint8_t* images, int64_t n, const Shape& sample, DType dtype,
                        double* sum, double* sq);
 

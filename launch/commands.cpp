@@ -242,9 +242,10 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
     h.num_classes = info.num_classes;
     h.class_names = info.class_names;
     const double per = double(info.num_samples) * double(shape_numel(info.sample_shape) / channels);
+    const double scale = info.dtype == DType::u8 ? 1.0 / 255.0 : 1.0;  // to [0, 1]
     double sum = 0, sq = 0;
     for (int64_t ch = 0; ch < channels; ++ch) {
-      const double s = stats[size_t(ch)], q = stats[size_t(channels + ch)];
+      const double s = stats[size_t(ch)] * scale, q = stats[size_t(channels + ch)] * scale * scale;
       h.mean.push_back(s / per);
       h.std.push_back(std::sqrt(std::max(0.0, q / per - (s / per) * (s / per))));
       sum += s;
