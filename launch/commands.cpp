@@ -362,8 +362,14 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
       checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
                   H5Z_FILTER_FLETCHER32;
     }
-    std::printf("/%s  %s %s%s\n", name, t ? dtype_name(*t) : "?",
-                shape_str(io::dataset_shape(ds)).c_str(), checksum ? "  fletcher32" : "");
+    std::string type = t ? dtype_name(*t) : "?";
+    if (!t) {  // types outside DType: the per-channel mean/std, class names
+      io::H5Id h5t(H5Dget_type(ds));
+      if (H5Tget_class(h5t) == H5T_FLOAT && H5Tget_size(h5t) == 8) type = "float64";
+      if (H5Tget_class(h5t) == H5T_STRING) type = "string";
+    }
+    std::printf("/%s  %s %s%s\n", name, type.c_str(), shape_str(io::dataset_shape(ds)).c_str(),
+                checksum ? "  fletcher32" : "");
   }
   return 0;
 }

@@ -15,6 +15,18 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$dir" || exit 1
 $PY -c 'import numpy, h5py, PIL' || fail "needs Debian's python3-numpy, python3-h5py, python3-pil (tools/install-deps.sh)"
 
+# ---- --help and --print-config of the new commands ------------------------------------
+for cmd in "convert npy" "convert images" "convert cifar" predict; do
+  # shellcheck disable=SC2086  # $cmd is one or two words
+  out=$(mpi 2 "$BIN" $cmd --help) || fail "ringtrain $cmd --help exited $?"
+  [[ $(grep -c "^usage: ringtrain $cmd" <<<"$out") -eq 1 ]] || fail "2 ranks, $cmd --help: $out"
+done
+cfg=$("$BIN" convert cifar --input a.bin b.bin --out o.h5 --print-config)
+printf '%s\n' "$cfg" >cifar.ini
+[[ "$("$BIN" convert cifar --config cifar.ini --print-config)" == "$cfg" ]] \
+  || fail "convert cifar --print-config does not read back: $cfg"
+pass "--help of convert npy|images|cifar and predict once at 2 ranks; convert cifar's --input list reads back from --config"
+
 # ---- inputs ---------------------------------------------------------------------------
 $PY - <<'EOF'
 import os, numpy as np
