@@ -252,8 +252,17 @@ bad "--data 'out/c.h5' has samples of shape [3, 32, 32] but checkpoint '$mlp' ho
   predict --checkpoint "$mlp" --data out/c.h5 --out bad/p.h5
 bad "--out 'bad/p.csv' must end in .h5" predict --checkpoint "$mlp" --data out/x.h5 --out bad/p.csv
 
-# ---- the PyTorch recipe of docs/interop.md --------------------------------------------
+# ---- the NumPy example and the PyTorch recipe of docs/interop.md -----------------------
+# shellcheck disable=SC2016  # the backquotes are markdown's, not the shell's
+sed -n '/^## NumPy and h5py/,/^A predictions file/p' "$src/docs/interop.md" | sed -n '/^```python/,/^```$/p' |
+  sed '1d;$d' | sed "s#ckpt/ckpt-000000050.h5#$mlp#; s#data/test.h5#out/x.h5#" >numpy_example.py
+got=$($PY numpy_example.py)
+want=$($PY -c "import numpy as np; print(np.load('pred/x.npy')[:8].argmax(1))")
+[[ -n $got && $got == "$want" ]] || fail "interop.md's NumPy example predicts $got, predict $want"
+pass "interop.md's NumPy MLP example predicts what predict does: $got"
+
 $PY -c 'import torch' || fail "the PyTorch recipe needs Debian's python3-torch (tools/install-deps.sh)"
+# shellcheck disable=SC2016
 sed -n '/<!-- interop: torch_recipe.py -->/,/^```$/p' "$src/docs/interop.md" | sed '1,2d;$d' >torch_recipe.py
 [[ $(wc -l <torch_recipe.py) -gt 50 ]] || fail "the recipe block was not found in docs/interop.md"
 for model in mlp:out/x.h5 cnn:out/c.h5 resnet:out/g.h5; do
