@@ -54,7 +54,7 @@ Tensor relu_masked(Context& ctx, Activation act, const Tensor& y, const Tensor& 
 // ---- Linear ----------------------------------------------------------------------------
 
 std::vector<ParamSpec> Linear::param_specs() const {
-  return {{"weight", {out_, in_}, in_}, {"bias", {out_}, in_}};
+  return {{"weight", {out_, in_}, in_}, {"bias", {out_}, in_, Init::fan_in_uniform, false}};
 }
 
 void Linear::bind(std::vector<Param*> params) {
@@ -96,7 +96,7 @@ std::vector<ParamSpec> Conv2D::param_specs() const {
   const int64_t fan_in = o_.in_channels * o_.kernel * o_.kernel;
   std::vector<ParamSpec> specs{
       {"weight", {o_.out_channels, o_.in_channels, o_.kernel, o_.kernel}, fan_in}};
-  if (o_.bias) specs.push_back({"bias", {o_.out_channels}, fan_in});
+  if (o_.bias) specs.push_back({"bias", {o_.out_channels}, fan_in, Init::fan_in_uniform, false});
   return specs;
 }
 
@@ -244,7 +244,7 @@ const Tensor& Dropout::backward(Context& ctx, const Tensor& dy) {
 // ---- BatchNorm2D -----------------------------------------------------------------------
 
 std::vector<ParamSpec> BatchNorm2D::param_specs() const {
-  return {{"weight", {c_}, 1, Init::ones}, {"bias", {c_}, 1, Init::zeros}};
+  return {{"weight", {c_}, 1, Init::ones, false}, {"bias", {c_}, 1, Init::zeros, false}};
 }
 
 std::vector<ParamSpec> BatchNorm2D::buffer_specs() const {

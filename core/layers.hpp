@@ -31,6 +31,9 @@ struct ParamSpec {
   Shape shape;
   int64_t fan_in = 1;  // fan_in_uniform draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch)
   Init init = Init::fan_in_uniform;
+  // Whether weight decay applies: the layer says so for each parameter (off for biases and
+  // normalisation parameters, the usual decay groups); --decay-all overrides.
+  bool decay = true;
 };
 
 struct Param {
@@ -39,9 +42,10 @@ struct Param {
   int64_t offset = 0;  // in elements, into the flat buffers
   int64_t fan_in = 1;  // for the initialisation
   Init init = Init::fan_in_uniform;
-  Tensor master;  // fp32
-  Tensor work;    // compute dtype (aliases master in fp32)
-  Tensor grad;    // compute dtype
+  bool decay = true;  // weight decay applies (from ParamSpec::decay)
+  Tensor master;      // fp32
+  Tensor work;        // compute dtype (aliases master in fp32)
+  Tensor grad;        // compute dtype
 };
 
 // Non-trainable fp32 state saved in checkpoints as /buffers/<layer>.<name>.

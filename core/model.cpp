@@ -2,6 +2,9 @@
 // build_model() for the models ringtrain knows.
 #include "core/model.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -168,6 +171,7 @@ Model::Model(ModelSpec spec, std::vector<std::unique_ptr<Layer>> layers, DType c
       p.shape = ps.shape;
       p.fan_in = ps.fan_in;
       p.init = ps.init;
+      p.decay = ps.decay;
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       params_.push_back(std::move(p));
@@ -441,6 +445,53 @@ void apply_layer_precision(Model& model, const std::string& list) {
 
 }  // namespace
 
+namespace {
+
+// Before any buffer is allocated: a lower bound of the memory the model needs against the
+// machine's physical memory, so that `--hidden 100000,100000` or huge samples are an input
+// error naming the values instead of "out of host memory" later. The bound counts 12 bytes
+// per parameter (fp32 master, fp32-or-smaller gradient and working copy, no optimizer
+// state) and one sample's fp32 input and first-layer output; the real need is larger.
+void require_fits_in_memory(const ModelSpec& spec, const Layers& layers) {
+  double params = 0;  // double: products of hostile sizes must not wrap
+  for (const auto& layer : layers)
+    for (const auto& ps : layer->param_specs()) {
+      double n = 1;
+      for (int64_t d : ps.shape) n *= double(d);
+      params += n;
+    }
+  double input = 1;
+  for (int64_t d : spec.input) input *= double(d);
+  double first = 0;  // elements of the first layer's output for one sample
+  if (spec.name == "mlp")
+    first = double(spec.hidden.empty() ? spec.classes : spec.hidden[0]);
+  else if (spec.name == "cnn")
+    first = 32.0 * double(spec.input[1] - 2) * double(spec.input[2] - 2);
+  else
+    first = double(spec.width) * double(spec.input[1]) * double(spec.input[2]);
+  const double need = 12 * params + 4 * (input + first);
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (need <= memory) return;
+  std::string hidden;
+  for (int64_t h : spec.hidden) {
+    if (!hidden.empty()) hidden += ',';
+    hidden += std::to_string(h);
+  }
+  if (spec.name == "mlp")
+    hidden.insert(0, " --hidden ");
+  else
+    hidden.clear();
+  throw_input(cat("--model ", spec.name, hidden, " on samples of shape ", shape_str(spec.input),
+                  " needs at least ", static_cast<long long>(std::min(need, 9.2e18)), " bytes (",
+                  static_cast<long long>(std::min(params, 9.2e18)),
+                  " parameters at 12 bytes each, plus one sample's input and first activation), "
+                  "more than this machine's ",
+                  static_cast<long long>(memory),
+                  " bytes of memory; use smaller layers (--hidden, --width) or smaller samples"));
+}
+
+}  // namespace
+
 std::unique_ptr<Model> build_model(const ModelSpec& spec, DType compute) {
   RT_REQUIRE(spec.name == "mlp" || spec.name == "cnn" || spec.name == "resnet", "--model '",
              spec.name, "' is not a known model; expected mlp, cnn or resnet");
@@ -450,6 +501,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, DType compute) {
   Layers layers = spec.name == "mlp"   ? build_mlp(spec)
                   : spec.name == "cnn" ? build_cnn(spec)
                                        : build_resnet(spec);
+  require_fits_in_memory(spec, layers);
   auto model = std::make_unique<Model>(spec, std::move(layers), compute);
   apply_layer_precision(*model, spec.layer_precision);
   return model;

@@ -26,6 +26,8 @@ struct ShardInfo {
   bool has_labels = true;   // /labels present (unlabelled data is for `predict`)
   bool has_norm = false;
   double mean = 0, std = 1;
+  // Per-channel /mean and /std datasets of shape [C] (empty when the file has none).
+  std::vector<double> channel_mean, channel_std;
 };
 
 class ShardFile {

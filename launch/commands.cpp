@@ -142,8 +142,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   std::vector<double> confusion;
   const EvalResult r = run_or_fail([&] {
-    return evaluate(*loaded.model, *data, comm, *backend, cfg.batch_size, meta.input_mean,
-                    meta.input_std, &confusion);
+    return evaluate(*loaded.model, *data, comm, *backend, cfg.batch_size, normalization_of(meta),
+                    &confusion);
   });
   if (comm.rank() == 0) {
     std::printf("eval %s on %s (%lld samples, computed in %s): loss %.4f accuracy %.4f\n",
@@ -152,10 +152,12 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     const int64_t c = model_classes(*loaded.model);
     const std::vector<ClassFigures> figures = per_class(confusion, c, r.samples);
     print_per_class(figures, confusion, names);
-    std::string classes = "[", matrix = "[";
+    std::vector<JsonLine> classes;
+    std::vector<std::vector<int64_t>> matrix(static_cast<size_t>(c),
+                                             std::vector<int64_t>(static_cast<size_t>(c)));
     for (int64_t k = 0; k < c; ++k) {
       const ClassFigures& f = figures[size_t(k)];
-      JsonLine one;
+      JsonLine& one = classes.emplace_back();
       one.add("class", k);
       if (size_t(k) < names.size()) one.add("name", names[size_t(k)]);
       one.add("samples", f.samples)
@@ -163,11 +165,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
           .add("accuracy", f.accuracy)
           .add("precision", f.precision)
           .add("recall", f.recall);
-      classes += cat(k ? "," : "", one.str());
-      matrix += k ? ",[" : "[";
       for (int64_t j = 0; j < c; ++j)
-        matrix += cat(j ? "," : "", int64_t(confusion[size_t(k * c + j)]));
-      matrix += "]";
+        matrix[size_t(k)][size_t(j)] = int64_t(confusion[size_t(k * c + j)]);
     }
     MetricsWriter metrics(cfg.metrics);
     metrics.write(JsonLine()
@@ -176,8 +175,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
                       .add("split", cfg.data)
                       .add("loss", r.loss)
                       .add("accuracy", r.accuracy)
-                      .add_json("per_class", classes + "]")
-                      .add_json("confusion", matrix + "]"));
+                      .add("per_class", classes)
+                      .add("confusion", matrix));
   }
   return 0;
 }
@@ -362,11 +361,13 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
       checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
                   H5Z_FILTER_FLETCHER32;
     }
+    // Types outside DType, named here: float64 (the per-channel /mean and /std) and
+    // strings (/class_names).
     std::string type = t ? dtype_name(*t) : "?";
-    if (!t) {  // types outside DType: the per-channel mean/std, class names
-      io::H5Id h5t(H5Dget_type(ds));
-      if (H5Tget_class(h5t) == H5T_FLOAT && H5Tget_size(h5t) == 8) type = "float64";
-      if (H5Tget_class(h5t) == H5T_STRING) type = "string";
+    if (!t) {
+      io::H5Id ht(H5Dget_type(ds));
+      if (H5Tget_class(ht) == H5T_FLOAT && H5Tget_size(ht) == 8) type = "float64";
+      if (H5Tget_class(ht) == H5T_STRING) type = "string";
     }
     std::printf("/%s  %s %s%s\n", name, type.c_str(), shape_str(io::dataset_shape(ds)).c_str(),
                 checksum ? "  fletcher32" : "");

@@ -10,6 +10,7 @@
 #include "core/dtype.hpp"
 #include "core/loss_scaler.hpp"
 #include "core/optimizer.hpp"
+#include "core/schedule.hpp"
 
 namespace ringtrain::launch {
 
@@ -28,12 +29,21 @@ struct TrainConfig {
   bool batch_size_given = false;                  // --batch-size was explicit
   int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing
   OptimizerConfig optimizer;
+  ScheduleConfig schedule;  // --lr-schedule and its warm-up and decay
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  bool grad_accum_given = false;
+  bool decay_all = false;  // weight decay on every parameter (no decay groups)
+  float label_smoothing = 0.f;
   float grad_clip = 0.f;  // 0: off
   LossScalerConfig loss_scale;
+  std::string augment;  // "crop:PAD,flip" (either part alone); "" for none
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
+  int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
+  std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
+  int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)
   std::string resume = "auto";  // auto | never | FILE
   bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
@@ -58,6 +68,9 @@ struct TrainConfig {
   std::string progress = "auto";  // auto | bar | lines
   std::string timeline;           // Chrome-trace file (written by rank 0)
   std::string timeline_steps = "1:10";
+  // The options as --print-config prints them (key = value lines), for the metrics' start
+  // record and TensorBoard; filled by parse_train.
+  std::string config_ini;
 };
 
 struct EvalConfig {

@@ -27,8 +27,13 @@ void add_confusion(const Tensor& logits, const int32_t* labels, int64_t b,
 
 }  // namespace
 
+io::Normalization normalization_of(const io::CheckpointMeta& m) {
+  if (!m.input_channel_mean.empty()) return {m.input_channel_mean, m.input_channel_std};
+  return {{m.input_mean}, {m.input_std}};
+}
+
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
-                    kernels::Backend& backend, int64_t batch, double mean, double std,
+                    kernels::Backend& backend, int64_t batch, const io::Normalization& norm,
                     std::vector<double>* confusion) {
   const int64_t n = data.info().num_samples;
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
@@ -55,7 +60,7 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
     for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
     Tensor* xf = &x.ensure(xs, DType::f32, Device{});
     Tensor* yt = &y.ensure({b}, DType::i32, Device{});
-    data.read(idx.data(), b, xf->as<float>(), yt->as<int32_t>(), mean, std);
+    data.read(idx.data(), b, xf->as<float>(), yt->as<int32_t>(), norm);
     if (dev.kind != Device::cpu) {
       Tensor& xu = xd.ensure(xs, DType::f32, dev);
       Tensor& yu = yd.ensure({b}, DType::i32, dev);

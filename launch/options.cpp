@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "io/loader.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 #include "launch/timeline.hpp"
 
@@ -73,6 +74,12 @@ const std::pair<const char*, const char*> kAliases[] = {
     {"backend", "comm"},
     {"log-interval", "log-every"},
     {"resume-from", "resume"},
+    {"scheduler", "lr-schedule"},
+    {"lr-scheduler", "lr-schedule"},
+    {"warmup", "warmup-steps"},
+    {"gradient-accumulation-steps", "grad-accum"},
+    {"accumulate-grad-batches", "grad-accum"},
+    {"patience", "early-stop"},
     {"input", "images"},
     {"output", "out"},
 };
@@ -234,6 +241,17 @@ bool parse(const char* command, const po::options_description& desc,
   return true;
 }
 
+// The schedule's own checks (LrSchedule) with a stand-in for the run's length; those that
+// need the run's steps are repeated when the trainer knows them.
+void check_schedule(const ScheduleConfig& sc, double lr) {
+  require_finite(sc.warmup_init_lr, "warmup-init-lr");
+  require_finite(sc.min_lr, "min-lr");
+  require_finite(sc.step_gamma, "step-gamma");
+  RT_REQUIRE(sc.decay_steps >= 0, "--decay-steps ", sc.decay_steps, " is not valid: must be >= 0");
+  RT_REQUIRE(sc.step_every >= 0, "--step-every ", sc.step_every, " is not valid: must be >= 0");
+  LrSchedule(sc, lr, std::max<int64_t>(sc.decay_steps, sc.warmup_steps + 1));
+}
+
 std::vector<int64_t> parse_int_list(const std::string& s, const char* option) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
@@ -268,7 +286,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("data", po::value(&c.data)->required(), "training dataset: a file, a directory of shards or a glob")
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", value_or_default(&c.prefetch), "batches read ahead by the loader thread (0: none)")
-      ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs");
+      ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
+      ("augment", po::value(&c.augment), "image augmentation: crop:PAD (random crop after zero padding), flip (horizontal), or crop:PAD,flip");
   po::options_description model("model");
   model.add_options()
       ("model", value_or_default(&c.model), "model: mlp | cnn | resnet")
@@ -289,8 +308,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("min-scale", value_or_default(&ls.min_scale), "floor of the dynamic scale (> 0, at most --init-scale)");
   po::options_description optim("optimisation");
   optim.add_options()
-      ("batch-size", po::value<int64_t>(), "samples per rank per step (default 64)")
-      ("global-batch-size", po::value<int64_t>(), "samples per step over all ranks")
+      ("batch-size", po::value<int64_t>(), "samples per rank per micro-batch (default 64)")
+      ("global-batch-size", po::value<int64_t>(), "samples per optimizer step over all ranks (batch size x ranks x --grad-accum)")
+      ("grad-accum", po::value<int64_t>(), "micro-batches per optimizer step, gradients summed before one allreduce (default 1; on resume, raised to keep the checkpoint's global batch)")
       ("epochs", po::value<int64_t>(), "epochs to train (default 1)")
       ("steps", po::value<int64_t>(), "optimizer steps to train (instead of --epochs)")
       ("optimizer", po::value(&optimizer)->default_value(optimizer), "sgd | adamw")
@@ -298,17 +318,30 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("momentum", value_or_default(&o.momentum), "sgd momentum, in [0, 1)")
       ("nesterov", po::bool_switch(&o.nesterov), "sgd: Nesterov momentum")
       ("weight-decay", value_or_default(&o.weight_decay), "decoupled (adamw) or L2 (sgd) weight decay (>= 0)")
+      ("decay-all", po::bool_switch(&c.decay_all), "weight decay on every parameter (default: not on biases and normalisation parameters)")
+      ("label-smoothing", value_or_default(&c.label_smoothing), "label smoothing of the training loss, in [0, 1) (PyTorch's definition)")
       ("beta1", value_or_default(&o.beta1), "adamw beta1, in [0, 1)")
       ("beta2", value_or_default(&o.beta2), "adamw beta2, in [0, 1)")
       ("eps", value_or_default(&o.eps), "adamw epsilon (> 0)")
       ("grad-clip", value_or_default(&c.grad_clip), "clip the global gradient norm to this (0: off)")
       ("seed", po::value(&seed)->default_value(seed), "seed of init and data order");
+  auto& sc = c.schedule;
+  po::options_description sched("learning-rate schedule");
+  sched.add_options()
+      ("lr-schedule", value_or_default(&sc.name), "constant | cosine | linear | step | inverse-sqrt, after the warm-up")
+      ("warmup-steps", value_or_default(&sc.warmup_steps), "steps of linear warm-up from --warmup-init-lr to --lr")
+      ("warmup-init-lr", value_or_default(&sc.warmup_init_lr), "learning rate of the first warm-up step, in [0, --lr]")
+      ("min-lr", value_or_default(&sc.min_lr), "cosine, linear: the learning rate at --decay-steps, in [0, --lr]")
+      ("decay-steps", value_or_default(&sc.decay_steps), "cosine, linear: the step where the decay reaches --min-lr (0: the run's last step)")
+      ("step-every", value_or_default(&sc.step_every), "step: multiply the learning rate by --step-gamma every N steps after the warm-up")
+      ("step-gamma", value_or_default(&sc.step_gamma), "step: the factor, in (0, 1]");
   po::options_description ckpt("checkpointing");
   ckpt.add_options()
       ("checkpoint-dir", po::value(&c.checkpoint_dir), "directory for checkpoints (none: no checkpoints)")
       ("checkpoint-every", value_or_default(&c.checkpoint_every), "also save every N steps (0: only at the end)")
       ("checkpoint-secs", value_or_default(&c.checkpoint_secs), "also save every S seconds (0: off)")
       ("keep", value_or_default(&c.keep), "checkpoints to keep")
+      ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy: also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir");
   po::options_description dev("device and communication");
@@ -321,6 +354,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
+  po::options_description eval("evaluation");
+  eval.add_options()
+      ("eval-every", value_or_default(&c.eval_every), "also evaluate --val-data every N steps (0: at epoch ends and the end only)")
+      ("early-stop", value_or_default(&c.early_stop), "stop after N evaluations without improvement of --keep-best's metric (val_loss if not given; 0: never)");
   po::options_description obs("observability");
   obs.add_options()
       ("log-every", value_or_default(&c.log_every), "progress line and metrics every N steps")
@@ -335,8 +372,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("check-numerics", po::bool_switch(&c.check_numerics), "find and name the first layer and rank with inf/nan each step");
   // clang-format on
   po::options_description desc("train options");
-  desc.add(general_options()).add(data).add(model).add(prec).add(optim).add(ckpt).add(dev);
-  desc.add(obs).add(debug);
+  desc.add(general_options()).add(data).add(model).add(prec).add(optim).add(sched).add(ckpt);
+  desc.add(eval).add(dev).add(obs).add(debug);
   po::variables_map vm;
   if (!parse("train", desc, args, vm, help)) return false;
 
@@ -347,8 +384,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(optimizer == "sgd" || optimizer == "adamw", "--optimizer '", optimizer,
              "' is not known; expected sgd or adamw");
   o.name = optimizer;
-  for (const char* n : {"batch-size", "global-batch-size", "epochs", "steps"})
+  for (const char* n : {"batch-size", "global-batch-size", "epochs", "steps", "grad-accum"})
     require_positive_int(vm, n);
+  c.grad_accum = vm.count("grad-accum") ? vm["grad-accum"].as<int64_t>() : 1;
+  c.grad_accum_given = vm.count("grad-accum") > 0;
   RT_REQUIRE(!(vm.count("batch-size") && vm.count("global-batch-size")),
              "give --batch-size (per rank) or --global-batch-size, not both");
   RT_REQUIRE(!(vm.count("epochs") && vm.count("steps")), "give --epochs or --steps, not both");
@@ -370,6 +409,17 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   require_positive(o.eps, "eps");
   require_non_negative(c.grad_clip, "grad-clip");
   require_unit(c.dropout, "dropout");
+  require_unit(c.label_smoothing, "label-smoothing");
+  check_schedule(c.schedule, o.lr);
+  RT_REQUIRE(c.eval_every >= 0, "--eval-every ", c.eval_every, " is not valid: must be >= 0");
+  RT_REQUIRE(c.early_stop >= 0, "--early-stop ", c.early_stop, " is not valid: must be >= 0");
+  RT_REQUIRE(c.keep_best.empty() || c.keep_best == "val_loss" || c.keep_best == "val_accuracy",
+             "--keep-best '", c.keep_best, "' is not known; expected val_loss or val_accuracy");
+  RT_REQUIRE(c.keep_best.empty() || !c.checkpoint_dir.empty(),
+             "--keep-best needs --checkpoint-dir (best.h5 is kept there)");
+  RT_REQUIRE((c.keep_best.empty() && c.early_stop == 0 && c.eval_every == 0) || !c.val_data.empty(),
+             "--keep-best, --early-stop and --eval-every need --val-data to evaluate on");
+  io::parse_augment(c.augment);  // input error now, not in the loader thread
   require_positive(ls.init_scale, "init-scale");
   require_positive(ls.min_scale, "min-scale");
   require_finite(ls.growth_factor, "scale-growth-factor");
@@ -447,8 +497,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");
   RT_REQUIRE(c.resume == "auto" || c.resume == "never" || !c.resume.empty(),
              "--resume must be auto, never or a checkpoint file");
+  c.config_ini = config_text(desc, vm);
   if (vm.count("print-config")) {
-    *help = config_text(desc, vm);
+    *help = c.config_ini;
     return false;
   }
   return true;

@@ -14,6 +14,7 @@
 #include "io/convert_output.hpp"
 #include "io/npy.hpp"
 #include "launch/device.hpp"
+#include "launch/evaluate.hpp"
 #include "launch/job.hpp"
 #include "launch/model_source.hpp"
 
@@ -22,8 +23,8 @@ namespace fs = std::filesystem;
 namespace ringtrain::launch {
 
 std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backend& backend,
-                                 int64_t lo, int64_t hi, int64_t batch, double mean, double std,
-                                 int32_t* labels) {
+                                 int64_t lo, int64_t hi, int64_t batch,
+                                 const io::Normalization& norm, int32_t* labels) {
   const int64_t classes = model_classes(model);
   std::vector<float> out(size_t((hi - lo) * classes));
   Context ctx{backend, model.compute_dtype(), /*training=*/false};
@@ -39,7 +40,7 @@ std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backe
     idx.resize(size_t(b));
     std::iota(idx.begin(), idx.end(), start);
     Tensor* xf = &x.ensure(xs, DType::f32, Device{});
-    data.read(idx.data(), b, xf->as<float>(), labels ? labels + (start - lo) : nullptr, mean, std);
+    data.read(idx.data(), b, xf->as<float>(), labels ? labels + (start - lo) : nullptr, norm);
     if (dev.kind != Device::cpu) {
       Tensor& xu = xd.ensure(xs, DType::f32, dev);
       copy_bytes(xu.data, dev, xf->data, Device{}, xf->bytes());
@@ -211,9 +212,9 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
   run_or_fail([&] {
     std::vector<int32_t> labels(s.data->info().has_labels && !s.npy ? size_t(hi - lo) : 0);
-    std::vector<float> scores = forward_slice(
-        *s.loaded.model, *s.data, *s.backend, lo, hi, cfg.batch_size, s.loaded.meta.input_mean,
-        s.loaded.meta.input_std, labels.empty() ? nullptr : labels.data());
+    std::vector<float> scores =
+        forward_slice(*s.loaded.model, *s.data, *s.backend, lo, hi, cfg.batch_size,
+                      normalization_of(s.loaded.meta), labels.empty() ? nullptr : labels.data());
     if (cfg.probabilities) softmax_rows(scores.data(), hi - lo, s.classes);
     if (s.npy)
       write_npy(cfg, s, comm, hi - lo, scores);

@@ -15,12 +15,12 @@
 
 namespace ringtrain::launch {
 
-// The fp32 logits [hi - lo, classes] of samples [lo, hi) (normalised with mean/std as the
+// The fp32 logits [hi - lo, classes] of samples [lo, hi) (normalised by `norm`, as the
 // model was trained), batch by batch, copied to host memory; their labels into `labels`
 // (hi - lo values) when it is not null.
 std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backend& backend,
-                                 int64_t lo, int64_t hi, int64_t batch, double mean, double std,
-                                 int32_t* labels = nullptr);
+                                 int64_t lo, int64_t hi, int64_t batch,
+                                 const io::Normalization& norm, int32_t* labels = nullptr);
 
 // Softmax of each row of scores [rows, classes], in place (computed in double).
 void softmax_rows(float* scores, int64_t rows, int64_t classes);

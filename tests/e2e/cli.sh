@@ -158,7 +158,7 @@ h5dump -a /precision "$dir/ck/ckpt-000000004.h5" | contains '"bf16"' || fail "pr
 grep -q "global batch 32 (16/rank)" "$dir/out" || fail "batch-size from the file"
 pass "config file, command line wins"
 
-python3 - "$dir/m.jsonl" <<'PY' || fail "metrics JSON lines"
+/usr/bin/python3 - "$dir/m.jsonl" <<'PY' || fail "metrics JSON lines"
 import json, sys
 recs = [json.loads(line) for line in open(sys.argv[1])]
 steps = [r for r in recs if r["type"] == "step"]
@@ -173,12 +173,18 @@ assert ev and ev[-1]["split"] == "val" and 0 <= ev[-1]["accuracy"] <= 1, ev
 PY
 pass "metrics records"
 
-out=$(mpi 2 "$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" --threads 1)
-grep -qE "10000 samples.*loss [0-9.]+ accuracy 0\.[0-9]+" <<<"$out" || fail "eval output: $out"
-one=$("$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" --threads 1)
-[[ "${out##*accuracy }" == "${one##*accuracy }" ]] \
-  || fail "eval on 2 ranks and 1 rank disagree: $out / $one"
-pass "eval: $out"
+# eval of the step-4 checkpoint in bf16 (as trained) prints the loss and accuracy of the
+# run's own validation at step 4 on the same file (the metrics record), on 2 ranks and on 1.
+want=$(/usr/bin/python3 -c 'import json,sys
+[ev] = [r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "eval" and r["step"] == 4]
+print("loss %.4f accuracy %.4f" % (ev["loss"], ev["accuracy"]))' "$dir/m.jsonl")
+for n in 2 1; do
+  out=$(mpi "$n" "$BIN" eval --checkpoint "$dir/ck/ckpt-000000004.h5" --data "$DATA/test.h5" \
+    --precision bf16 --threads 1)
+  contains "^eval $dir/ck/ckpt-000000004.h5 on $DATA/test.h5 (10000 samples, computed in bf16): $want\$" <<<"$out" ||
+    fail "eval on $n rank(s): '$out', expected '... (10000 samples, computed in bf16): $want' as the run's validation"
+done
+pass "eval: $want on 2 ranks and on 1, as the run's own validation of the same weights"
 
 i=$("$BIN" inspect "$dir/ck/ckpt-000000004.h5")
 for want in "ringtrain-checkpoint" "/params/fc1.weight  fp32 \[64, 784\]" "valid: yes"; do
@@ -199,7 +205,7 @@ pass "--checkpoint-secs saved $n checkpoints in 6 steps"
 mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 6 --hidden 32 --threads 1 --precision fp16 \
   --init-scale 1e30 --min-scale 1e29 --metrics "$dir/skip.jsonl" >"$dir/skip.out" 2>"$dir/skip.err"
 [[ $(grep -c 'loss scale is at its floor' "$dir/skip.err") -eq 1 ]] || fail "floor warning: $(cat "$dir/skip.err")"
-python3 - "$dir/skip.jsonl" <<'PY' || fail "skip records"
+/usr/bin/python3 - "$dir/skip.jsonl" <<'PY' || fail "skip records"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 skips = [r for r in recs if r["type"] == "skip"]
