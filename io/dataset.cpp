@@ -83,21 +83,25 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec) {
   return files;
 }
 
-Dataset::Dataset(const std::string& spec) {
+Dataset::Dataset(const std::string& spec, bool labels_required) {
   info_.path = spec;
   for (const auto& f : resolve_dataset_files(spec)) {
     shards_.push_back(std::make_unique<ShardFile>(f));
     const ShardInfo& s = shards_.back()->info();
     const ShardInfo& first = shards_.front()->info();
     RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
-                   s.num_classes == first.num_classes && s.has_norm == first.has_norm &&
-                   s.mean == first.mean && s.std == first.std &&
+                   s.num_classes == first.num_classes && s.has_labels == first.has_labels &&
+                   s.has_norm == first.has_norm && s.mean == first.mean && s.std == first.std &&
                    s.channel_mean == first.channel_mean && s.channel_std == first.channel_std,
                "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
                dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
                shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
                dtype_name(first.image_dtype), " in ", first.num_classes,
-               " classes; all shards of a dataset must share one schema (and mean/std)");
+               " classes; all shards of a dataset must share one schema (labels or none, "
+               "mean/std)");
+    RT_REQUIRE(s.has_labels || !labels_required, "dataset '", f,
+               "' has no /labels; training and eval need labelled data (`ringtrain predict` "
+               "reads unlabelled data)");
     offsets_.push_back(info_.num_samples);
     info_.num_samples += s.num_samples;
   }
@@ -107,6 +111,7 @@ Dataset::Dataset(const std::string& spec) {
   info_.sample_shape = first.sample_shape;
   info_.image_dtype = first.image_dtype;
   info_.num_classes = first.num_classes;
+  info_.has_labels = first.has_labels;
   info_.has_norm = first.has_norm;
   info_.mean = first.mean;
   info_.std = first.std;
@@ -139,6 +144,7 @@ Normalization normalization_of(const DatasetInfo& info) {
 
 void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm) {
   if (n == 0) return;
+  RT_CHECK(y == nullptr || info_.has_labels, "labels asked of '", info_.path, "', which has none");
   for (int64_t i = 0; i < n; ++i)
     RT_CHECK(idx[i] >= 0 && idx[i] < info_.num_samples, "sample index ", idx[i], " outside [0, ",
              info_.num_samples, ") in ", info_.path);
@@ -216,6 +222,7 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const No
         if (non_finite) reject_non_finite(idx[i], reinterpret_cast<const float*>(src));
       }
     }
+    if (!y) continue;
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);

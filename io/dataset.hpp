@@ -21,7 +21,8 @@ struct DatasetInfo {
   int64_t num_shards = 0;
   Shape sample_shape;  // [C, H, W] or [D]
   DType image_dtype = DType::u8;
-  int64_t num_classes = 0;
+  int64_t num_classes = 0;   // 0: unknown (unlabelled data)
+  bool has_labels = true;    // /labels present in every shard
   bool has_norm = false;     // mean/std attributes present
   double mean = 0, std = 1;  // of the pixel values after uint8 scaling to [0, 1]
   // Per channel (the /mean and /std datasets of shape [C]); empty when absent.
@@ -44,7 +45,8 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec);
 class Dataset {
  public:
   // Opens and validates every shard; they must agree on sample shape, dtype and classes.
-  explicit Dataset(const std::string& spec);
+  // Without /labels a dataset is an input error unless labels_required is false (predict).
+  explicit Dataset(const std::string& spec, bool labels_required = true);
   ~Dataset();
   const DatasetInfo& info() const { return info_; }
   int64_t sample_numel() const { return shape_numel(info_.sample_shape); }
@@ -56,8 +58,9 @@ class Dataset {
 
   // Reads the samples at global indices idx[0..n) (any order, repeats allowed) into
   // x [n, sample] as float32 (v/255 for uint8 images, then (v - mean[c]) / std[c]) and y [n]
-  // as int32. A label outside [0, num_classes) or a non-finite float pixel is an input error
-  // naming the file and the global sample index. Not for concurrent calls on one Dataset.
+  // as int32 (y may be null, and must be for data without labels). A label outside
+  // [0, num_classes) or a non-finite float pixel is an input error naming the file and the
+  // global sample index. Not for concurrent calls on one Dataset.
   void read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm);
 
  private:

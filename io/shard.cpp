@@ -76,31 +76,39 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   RT_REQUIRE(version && *version == kDatasetVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
              kDatasetVersion);
+  RT_REQUIRE(has_link(file_, "images"), what, " must hold a dataset /images");
+  info_.has_labels = has_link(file_, "labels");
+  // Unlabelled data (for `predict`) may leave the number of classes unsaid.
   auto classes = read_attr_int(file_, "num_classes");
-  RT_REQUIRE(classes && *classes >= 2, what, " needs an integer attribute num_classes >= 2");
-  info_.num_classes = *classes;
-
-  RT_REQUIRE(has_link(file_, "images") && has_link(file_, "labels"), what,
-             " must hold datasets /images and /labels");
+  RT_REQUIRE((classes && *classes >= 2) || (!classes && !info_.has_labels), what,
+             " needs an integer attribute num_classes >= 2",
+             info_.has_labels ? "" : " (or none, as it has no /labels)");
+  info_.num_classes = classes ? *classes : 0;
   // No chunk cache for the images: with uncompressed chunks HDF5 then reads just the
   // selected rows instead of staging a whole ~1 MiB chunk for every sample.
   H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
   images_ = H5Id(H5_CHECK(H5Dopen2(file_, "images", dapl)));
-  labels_ = open_dataset(file_, "labels");
-  Shape ishape = dataset_shape(images_), lshape = dataset_shape(labels_);
-  auto itype = dataset_dtype(images_), ltype = dataset_dtype(labels_);
+  Shape ishape = dataset_shape(images_);
+  auto itype = dataset_dtype(images_);
   RT_REQUIRE(itype && (*itype == DType::u8 || *itype == DType::f32), what,
              ": /images must be uint8 or float32");
-  RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
-             ": /labels must be int32 or int64");
   RT_REQUIRE(ishape.size() == 2 || ishape.size() == 4, what, ": /images has shape ",
              shape_str(ishape), "; expected [N, C, H, W] or [N, D]");
-  RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
-             shape_str(lshape), "; expected [", ishape[0], "] to match /images");
   RT_REQUIRE(ishape[0] > 0, what, " holds no samples");
+  Shape lshape;
+  std::optional<DType> ltype;
+  if (info_.has_labels) {
+    labels_ = open_dataset(file_, "labels");
+    lshape = dataset_shape(labels_);
+    ltype = dataset_dtype(labels_);
+    RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
+               ": /labels must be int32 or int64");
+    RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
+               shape_str(lshape), "; expected [", ishape[0], "] to match /images");
+  }
   require_stored(images_, path_, "images", ishape, dtype_size(*itype));
-  require_stored(labels_, path_, "labels", lshape, dtype_size(*ltype));
+  if (info_.has_labels) require_stored(labels_, path_, "labels", lshape, dtype_size(*ltype));
   // Every sample is converted to fp32 in memory; one that cannot fit can never be trained on.
   const uint64_t sample_fp32 = uint64_t(shape_numel(Shape(ishape.begin() + 1, ishape.end()))) * 4;
   const uint64_t memory = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
@@ -251,6 +259,7 @@ void ShardFile::read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t*
   }
   H5Lock lock;
   if (fd_ < 0) read_images_hyperslab(rows, m, raw);
+  if (!info_.has_labels) return;
   H5Id lspace(H5_CHECK(H5Dget_space(labels_)));
   select_rows(lspace, rows, m);
   const hsize_t lm = hsize_t(m);

@@ -84,8 +84,26 @@ struct EvalConfig {
 };
 
 struct ConvertConfig {
-  std::string images, labels, out;
+  std::string images, labels, out;  // idx, npy (labels optional for npy)
   int shards = 1;
+  std::string layout = "nchw";      // npy: nchw | nhwc
+  std::string root;                 // images: ROOT/<class>/<image>
+  std::string size;                 // images: "H,W" (empty: every image has the first's size)
+  int64_t height = 0, width = 0;    // parsed from size
+  bool grayscale = false;           // images: 1 channel instead of RGB
+  std::vector<std::string> inputs;  // cifar: batch files, in order
+  bool cifar100 = false;
+};
+
+struct PredictConfig {
+  std::string checkpoint, data, out;
+  int64_t top_k = 5;           // at most the model's classes
+  bool probabilities = false;  // softmax instead of logits
+  int64_t batch_size = 256;
+  DType precision = DType::f32;
+  int threads = 0;
+  std::string device = "cpu";
+  std::string gpu_memory = "grow";
 };
 
 }  // namespace ringtrain::launch

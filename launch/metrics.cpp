@@ -66,6 +66,27 @@ JsonLine& JsonLine::add(const std::string& k, const JsonLine& object) {
   return *this;
 }
 
+JsonLine& JsonLine::add(const std::string& k, const std::vector<JsonLine>& objects) {
+  key(k);
+  body_ += "[";
+  for (size_t i = 0; i < objects.size(); ++i) body_ += (i ? "," : "") + objects[i].str();
+  body_ += "]";
+  return *this;
+}
+
+JsonLine& JsonLine::add(const std::string& k, const std::vector<std::vector<int64_t>>& rows) {
+  key(k);
+  body_ += "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    body_ += i ? ",[" : "[";
+    for (size_t j = 0; j < rows[i].size(); ++j)
+      body_ += (j ? "," : "") + std::to_string(rows[i][j]);
+    body_ += "]";
+  }
+  body_ += "]";
+  return *this;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -20,7 +20,10 @@ class JsonLine {
   JsonLine& add(const std::string& key, int64_t v);
   JsonLine& add(const std::string& key, int v) { return add(key, int64_t(v)); }
   JsonLine& add(const std::string& key, bool v);
-  JsonLine& add(const std::string& key, const JsonLine& object);  // a nested object
+  JsonLine& add(const std::string& key, const JsonLine& object);                // a nested object
+  JsonLine& add(const std::string& key, const std::vector<JsonLine>& objects);  // an array
+  // An array of integer arrays (a matrix by rows).
+  JsonLine& add(const std::string& key, const std::vector<std::vector<int64_t>>& rows);
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

@@ -1,7 +1,7 @@
-// Option tables of `ringtrain train|eval|convert idx` and their validation: the help text
-// (grouped, defaults written as a user would write them), hints for mistyped options, range
-// checks that refuse non-finite and impossible values, and --print-config, which prints the
-// parsed options as an INI file that --config reads back.
+// Option tables of `ringtrain train|eval|predict|convert idx|npy|images|cifar` and their
+// validation: the help text (grouped, defaults written as a user would write them), hints for
+// mistyped options, range checks that refuse non-finite and impossible values, and --print-config,
+// which prints the parsed options as an INI file that --config reads back.
 #include "launch/options.hpp"
 
 #include <algorithm>
@@ -164,6 +164,10 @@ std::string config_text(const po::options_description& desc, const po::variables
   for (const auto& opt : desc.options()) {
     const std::string& key = opt->long_name();
     if (key == "help" || key == "config" || key == "print-config" || !vm.count(key)) continue;
+    if (auto* list = boost::any_cast<std::vector<std::string>>(&vm[key].value())) {
+      for (const auto& item : *list) out += cat(key, " = ", item, "\n");  // a repeated key
+      continue;
+    }
     out += cat(key, " = ", value_text(vm[key].value()), "\n");
   }
   return out;
@@ -527,6 +531,125 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   if (!parse("eval", desc, args, vm, help)) return false;
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
+  RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
+  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+             "' is not known; expected cpu or cuda");
+  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);
+  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// --out and --shards, shared by every convert format.
+po::options_description convert_output_options(ConvertConfig& c) {
+  po::options_description out("output");
+  // clang-format off
+  out.add_options()
+      ("out", po::value(&c.out)->required(), "output dataset file (.h5); its directory is created if missing")
+      ("shards", value_or_default(&c.shards), "split into N files OUT-00000-of-0000N.h5");
+  // clang-format on
+  return out;
+}
+
+// Parses one convert format's table; false on --help / --print-config (as parse()).
+bool parse_convert_format(const char* command, po::options_description& in,
+                          const std::vector<std::string>& args, ConvertConfig& c,
+                          std::string* help) {
+  po::options_description desc(cat(command, " options"));
+  desc.add(general_options()).add(in).add(convert_output_options(c)).add(debug_options());
+  po::variables_map vm;
+  if (!parse(command, desc, args, vm, help)) return false;
+  RT_REQUIRE(c.shards >= 1, "--shards ", c.shards, " is not valid: must be >= 1");
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_convert_npy(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
+  po::options_description in("input");
+  // clang-format off
+  in.add_options()
+      ("images", po::value(&c.images)->required(), "images: X.npy, X.npz:KEY or X.npz (one array); uint8 or float32")
+      ("labels", po::value(&c.labels), "labels [N] of any integer dtype: Y.npy or Y.npz:KEY (none: unlabelled, for predict)")
+      ("layout", value_or_default(&c.layout), "nchw | nhwc: the order of 4-d images");
+  // clang-format on
+  if (!parse_convert_format("convert npy", in, args, c, help)) return false;
+  RT_REQUIRE(c.layout == "nchw" || c.layout == "nhwc", "--layout '", c.layout,
+             "' is not known; expected nchw or nhwc");
+  return true;
+}
+
+bool parse_convert_images(const std::vector<std::string>& args, ConvertConfig& c,
+                          std::string* help) {
+  po::options_description in("input");
+  // clang-format off
+  in.add_options()
+      ("root", po::value(&c.root)->required(), "ROOT/<class>/<image>.png|.jpg|.jpeg, one folder per class")
+      ("size", po::value(&c.size), "H,W: resize each image to cover H x W and crop the centre (none: all images must have one size)")
+      ("grayscale", po::bool_switch(&c.grayscale), "1 channel (luma) instead of RGB");
+  // clang-format on
+  if (!parse_convert_format("convert images", in, args, c, help)) return false;
+  if (!c.size.empty()) {
+    const std::vector<int64_t> hw = parse_int_list(c.size, "--size");
+    RT_REQUIRE(hw.size() == 2 && hw[0] <= 65536 && hw[1] <= 65536, "--size '", c.size,
+               "' is not valid; expected H,W (two positive integers up to 65536), e.g. 64,64");
+    c.height = hw[0];
+    c.width = hw[1];
+  }
+  return true;
+}
+
+bool parse_convert_cifar(const std::vector<std::string>& args, ConvertConfig& c,
+                         std::string* help) {
+  po::options_description in("input");
+  // clang-format off
+  in.add_options()
+      ("input", po::value(&c.inputs)->required()->multitoken(), "CIFAR binary batch files (data_batch_*.bin, test_batch.bin; train.bin, test.bin), concatenated in the order given")
+      ("cifar100", po::bool_switch(&c.cifar100), "CIFAR-100 records (coarse and fine label; the fine label is used)");
+  // clang-format on
+  return parse_convert_format("convert cifar", in, args, c, help);
+}
+
+bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::string* help) {
+  std::string precision = "fp32";
+  // clang-format off
+  po::options_description data("data");
+  data.add_options()
+      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
+      ("data", po::value(&c.data)->required(), "dataset to predict (labels not needed): a file, directory or glob")
+      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass");
+  po::options_description out("output");
+  out.add_options()
+      ("out", po::value(&c.out)->required(), "P.h5 (scores, top-k, labels, class names; written by all ranks) or P.npy (the scores only)")
+      ("top-k", value_or_default(&c.top_k), "classes kept per sample in /top_k (at most the model's classes)")
+      ("probabilities", po::bool_switch(&c.probabilities), "softmax probabilities instead of logits");
+  po::options_description prec("precision");
+  prec.add_options()
+      ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute");
+  po::options_description dev("device");
+  dev.add_options()
+      ("threads", value_or_default(&c.threads), "threads per rank (0: as for train)")
+      ("device", value_or_default(&c.device), "cpu | cuda")
+      ("gpu-memory", value_or_default(&c.gpu_memory), "cuda: grow | reserve:FRACTION");
+  // clang-format on
+  po::options_description desc("predict options");
+  desc.add(general_options()).add(data).add(out).add(prec).add(dev).add(debug_options());
+  po::variables_map vm;
+  if (!parse("predict", desc, args, vm, help)) return false;
+  c.precision = parse_float_dtype(precision, "--precision");
+  require_positive_int(vm, "batch-size");
+  require_positive_int(vm, "top-k");
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
   RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
              "' is not known; expected cpu or cuda");

@@ -16,5 +16,11 @@ namespace ringtrain::launch {
 bool parse_train(const std::vector<std::string>& args, TrainConfig& cfg, std::string* help);
 bool parse_eval(const std::vector<std::string>& args, EvalConfig& cfg, std::string* help);
 bool parse_convert(const std::vector<std::string>& args, ConvertConfig& cfg, std::string* help);
+bool parse_convert_npy(const std::vector<std::string>& args, ConvertConfig& cfg, std::string* help);
+bool parse_convert_images(const std::vector<std::string>& args, ConvertConfig& cfg,
+                          std::string* help);
+bool parse_convert_cifar(const std::vector<std::string>& args, ConvertConfig& cfg,
+                         std::string* help);
+bool parse_predict(const std::vector<std::string>& args, PredictConfig& cfg, std::string* help);
 
 }  // namespace ringtrain::launch
