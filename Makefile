@@ -10,7 +10,7 @@ BUILD_CPU ?= build-cpu
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build configure-cpu build-cpu demo test test-cpu format clean
+.PHONY: all deps configure build configure-cpu build-cpu demo test test-cpu test-multinode format clean
 
 all: build
 
@@ -43,6 +43,11 @@ test-cpu: build-cpu
 	@cd $(BUILD_CPU) && ctest --output-on-failure --timeout 900 -L unit
 	@cd $(BUILD_CPU) && ctest --output-on-failure --timeout 900 \
 	  -R '^(e2e_prepare_data|e2e_cli|e2e_bad_input|gpu_not_built)$$'
+
+# The multinode label alone (2 emulated nodes; as root; part of `make test` too): 3-4 minutes
+# on a busy 2-core machine.
+test-multinode: build
+	@cd $(BUILD) && ctest --output-on-failure --timeout 900 -L multinode
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh')

@@ -105,9 +105,11 @@ int main(int argc, char** argv) {
       if (json) {
         std::printf(
             "%s{\"size\":%lld,\"count\":%lld,\"type\":\"%s\",\"backend\":\"%s\",\"time_us\":%.2f,"
-            "\"algbw\":%.3f,\"busbw\":%.3f,\"wrong\":%lld,\"vs_raw\":%.3f,\"ranks\":%d}",
+            "\"algbw\":%.3f,\"busbw\":%.3f,\"wrong\":%lld,\"vs_raw\":%.3f,\"ranks\":%d,"
+            "\"nodes\":%d}",
             first_row ? "" : ",", static_cast<long long>(size), static_cast<long long>(count), type,
-            backend, r.time_us, algbw, algbw * bus, static_cast<long long>(r.wrong), vs, n);
+            backend, r.time_us, algbw, algbw * bus, static_cast<long long>(r.wrong), vs, n,
+            flat.num_nodes());
         first_row = false;
       } else {
         std::printf("%12lld %11lld %6s %13s %11.1f %9.3f %9.3f %7lld %8.3f\n",

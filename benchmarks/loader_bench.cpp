@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     // Reference: the same batches, read beforehand.
     std::vector<OwnedTensor> xs(static_cast<size_t>(steps)), ys(static_cast<size_t>(steps));
     {
-      io::Loader pre(ds, 7, batch, 0, 1, info.mean, info.std, 0);
+      io::Loader pre(ds, 7, batch, 0, 1, io::normalization_of(info), 0);
       for (int s = 0; s < steps; ++s) {
         const io::Batch& bt = pre.next();
         b.be.cast(bt.x, xs[size_t(s)].ensure(bt.x.shape, DType::f32));
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     };
     const double mem = time_steps([&](int s) { b.step(xs[size_t(s)].view, ys[size_t(s)].view); });
     auto with_loader = [&](int depth) {
-      io::Loader loader(ds, 7, batch, 0, 1, info.mean, info.std, depth);
+      io::Loader loader(ds, 7, batch, 0, 1, io::normalization_of(info), depth);
       return time_steps([&](int) {
         const io::Batch& bt = loader.next();
         b.step(bt.x, bt.y);

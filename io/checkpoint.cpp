@@ -2,9 +2,17 @@
 // checkpoint.hpp). The collective writer is in checkpoint_writer.cpp.
 #include "io/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "io/hdf5.hpp"
@@ -53,6 +61,14 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.ringtrain_version = need_str(f, "ringtrain_version");
   m.input_mean = need_double(f, "input_mean");
   m.input_std = need_double(f, "input_std");
+  m.input_channel_mean = read_attr_doubles(f, "input_channel_mean").value_or(std::vector<double>{});
+  m.input_channel_std = read_attr_doubles(f, "input_channel_std").value_or(std::vector<double>{});
+  RT_REQUIRE(m.input_channel_mean.size() == m.input_channel_std.size(), what,
+             ": input_channel_mean and input_channel_std differ in length");
+  m.grad_accum = read_attr_int(f, "grad_accum").value_or(1);
+  m.best_value = read_attr_double(f, "best_value").value_or(0);
+  m.best_step = read_attr_int(f, "best_step").value_or(-1);
+  m.evals_since_best = read_attr_int(f, "evals_since_best").value_or(0);
   for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"})
     RT_REQUIRE(has_link(f, g), what, " lacks the group /", g);
   H5Id opt(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
@@ -66,21 +82,117 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.data_position = need_int(data, "position");
   H5Id rng(H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT)));
   m.seed = need_int(rng, "seed");
+  const std::string bad = impossible_meta(m);
+  RT_REQUIRE(bad.empty(), what, " holds impossible metadata: ", bad);
   return m;
 }
+
+std::string impossible_meta(const CheckpointMeta& m) {
+  const std::pair<const char*, int64_t> counts[] = {
+      {"step", m.step},
+      {"epoch", m.epoch},
+      {"samples_seen", m.samples_seen},
+      {"global_batch", m.global_batch},
+      {"/optimizer step", m.optimizer_step},
+      {"/loss_scaler growth_tracker", m.growth_tracker},
+      {"/data epoch", m.data_epoch},
+      {"/data position", m.data_position}};
+  for (const auto& [name, v] : counts)
+    if (v < 0) return cat(name, " is ", v, "; expected >= 0");
+  if (m.world_size < 1) return cat("world_size is ", m.world_size, "; expected >= 1");
+  if (m.optimizer_step > m.step)
+    return cat("/optimizer step ", m.optimizer_step, " is beyond the training step ", m.step);
+  if (!std::isfinite(m.loss_scale) || m.loss_scale <= 0)
+    return cat("/loss_scaler scale is ", m.loss_scale, "; expected a finite value > 0");
+  if (!std::isfinite(m.input_mean))
+    return cat("input_mean is ", m.input_mean, "; expected a finite value");
+  if (!std::isfinite(m.input_std) || m.input_std <= 0)
+    return cat("input_std is ", m.input_std, "; expected a finite value > 0");
+  for (size_t c = 0; c < m.input_channel_mean.size(); ++c)
+    if (!std::isfinite(m.input_channel_mean[c]))
+      return cat("input_channel_mean[", c, "] is ", m.input_channel_mean[c],
+                 "; expected a finite value");
+  for (size_t c = 0; c < m.input_channel_std.size(); ++c)
+    if (!std::isfinite(m.input_channel_std[c]) || m.input_channel_std[c] <= 0)
+      return cat("input_channel_std[", c, "] is ", m.input_channel_std[c],
+                 "; expected a finite value > 0");
+  // One optimizer step per training step whatever --grad-accum is (the micro-batches of a
+  // step are summed before the one update), so the rule above holds with accumulation too.
+  if (m.grad_accum < 1) return cat("grad_accum is ", m.grad_accum, "; expected >= 1");
+  if (m.best_step < -1 || m.best_step > m.step)
+    return cat("best_step is ", m.best_step, "; expected -1 (none) or 0 to the step ", m.step);
+  if (m.best_step >= 0 && !std::isfinite(m.best_value))
+    return cat("best_value is ", m.best_value, "; expected a finite value");
+  if (m.evals_since_best < 0)
+    return cat("evals_since_best is ", m.evals_since_best, "; expected >= 0");
+  return "";
+}
+
+std::string impossible_values(const std::string& name, const float* v, int64_t n) {
+  // NaN and inf have every exponent bit set: one vectorisable integer OR over the values,
+  // and only when it finds one is the first bad index looked for.
+  uint32_t non_finite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (non_finite)
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) return cat("/", name, " holds ", v[i], " at index ", i);
+  const auto ends_with = [&](const char* tail) {
+    const size_t k = std::strlen(tail);
+    return name.size() >= k && name.compare(name.size() - k, k, tail) == 0;
+  };
+  if (ends_with("exp_avg_sq") || ends_with("running_var"))  // averages of squares
+    for (int64_t i = 0; i < n; ++i)
+      if (v[i] < 0) return cat("/", name, " holds ", v[i], " at index ", i, "; expected >= 0");
+  return "";
+}
+
+void require_finite_for_save(const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
+                             const std::vector<OptimizerState>& optimizer,
+                             const std::vector<NamedTensor>& buffers) {
+  auto check = [&](const std::string& name, const Tensor& t) {
+    const std::string bad = impossible_values(name, static_cast<const float*>(t.data), t.numel());
+    if (!bad.empty())
+      throw_runtime(__FILE__, __LINE__,
+                    cat("refusing to save checkpoint step ", meta.step, ": ", bad,
+                        " (the training diverged; the previous checkpoint is kept)"));
+  };
+  for (const auto& p : params) check("params/" + p.name, p.tensor);
+  for (const auto& b : buffers) check("buffers/" + b.name, b.tensor);
+  for (const auto& s : optimizer)
+    for (const auto& p : s.per_param) check("optimizer/" + p.name + "/" + s.state, p.tensor);
+  const std::string bad = impossible_meta(meta);
+  if (!bad.empty())
+    throw_runtime(__FILE__, __LINE__,
+                  cat("refusing to save checkpoint step ", meta.step, ": ", bad));
+}
+
+namespace {
+
+// Reads the fp32 dataset `name` into t and rejects impossible values (input error naming
+// the file and the tensor).
+void read_checked(hid_t f, const std::string& path, const std::string& name, const Tensor& t) {
+  const std::string what = cat("checkpoint '", path, "'");
+  read_dataset(f, name, t, what);
+  const std::string bad = impossible_values(name, static_cast<const float*>(t.data), t.numel());
+  RT_REQUIRE(bad.empty(), what, " is damaged: ", bad);
+}
+
+}  // namespace
 
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& p : params)
-    read_dataset(f, "params/" + p.name, p.tensor, cat("checkpoint '", path, "'"));
+  for (const auto& p : params) read_checked(f, path, "params/" + p.name, p.tensor);
 }
 
 void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& b : buffers)
-    read_dataset(f, "buffers/" + b.name, b.tensor, cat("checkpoint '", path, "'"));
+  for (const auto& b : buffers) read_checked(f, path, "buffers/" + b.name, b.tensor);
 }
 
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states) {
@@ -88,26 +200,32 @@ void read_checkpoint_optimizer(const std::string& path, const std::vector<Optimi
   H5Id f = open_file_readonly(path, "checkpoint");
   for (const auto& s : states)
     for (const auto& p : s.per_param)
-      read_dataset(f, "optimizer/" + p.name + "/" + s.state, p.tensor,
-                   cat("checkpoint '", path, "'"));
+      read_checked(f, path, "optimizer/" + p.name + "/" + s.state, p.tensor);
 }
 
 namespace {
 
 // Visits every dataset below the root and reads it whole: HDF5 verifies the Fletcher32
-// checksum of each chunk on the way.
+// checksum of each chunk on the way; float datasets are read as fp32 and their values
+// checked (impossible_values).
 herr_t read_all(hid_t loc, const char* name, const H5O_info_t* info, void* ok) {
   if (info->type != H5O_TYPE_DATASET) return 0;
+  auto* problem = static_cast<std::string*>(ok);
   H5Id ds(H5Dopen2(loc, name, H5P_DEFAULT));
   if (ds.get() < 0) return -1;
   H5Id space(H5Dget_space(ds));
   H5Id type(H5Dget_type(ds));
   const hssize_t n = H5Sget_simple_extent_npoints(space);
-  std::vector<char> buf(size_t(std::max<hssize_t>(n, 1)) * H5Tget_size(type));
-  if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) {
-    *static_cast<std::string*>(ok) =
-        cat("dataset '", name, "' fails its checksum or cannot be read");
+  const bool is_float = H5Tget_class(type) == H5T_FLOAT;
+  const hid_t mem = is_float ? H5T_NATIVE_FLOAT : type.get();
+  std::vector<char> buf(size_t(std::max<hssize_t>(n, 1)) * H5Tget_size(mem));
+  if (n > 0 && H5Dread(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) {
+    *problem = cat("dataset '", name, "' fails its checksum or cannot be read");
     return -1;
+  }
+  if (is_float && n > 0) {
+    *problem = impossible_values(name, reinterpret_cast<const float*>(buf.data()), n);
+    if (!problem->empty()) return -1;
   }
   return 0;
 }
@@ -146,6 +264,50 @@ CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir
              "' cannot be created or is not a directory", ec ? ": " + ec.message() : "");
 }
 
+CheckpointStore::~CheckpointStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+std::string CheckpointStore::lock() {
+  if (lock_fd_ >= 0) return "";
+  const std::string path = (fs::path(dir_) / ".lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  RT_REQUIRE(fd >= 0, "--checkpoint-dir '", dir_, "': cannot open the lock file '", path,
+             "': ", std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) {  // e.g. a Lustre mount without the flock option
+      ::close(fd);
+      return cat("cannot lock '", path, "' (", std::strerror(err),
+                 "); this job runs without protection against a second job on --checkpoint-dir '",
+                 dir_, "'");
+    }
+    std::string holder;
+    std::getline(std::ifstream(path), holder);
+    ::close(fd);
+    std::string host = "?", pid = "?";
+    if (const size_t sp = holder.find(' '); sp != std::string::npos) {
+      host = holder.substr(0, sp);
+      pid = holder.substr(sp + 1);
+    }
+    throw_input(cat("--checkpoint-dir '", dir_, "' is in use by another ringtrain job (host ", host,
+                    ", pid ", pid, ", holding '", path,
+                    "'); wait for it to end or use another --checkpoint-dir"));
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const std::string who = cat(host, " ", getpid(), "\n");
+  // Who holds it, for the message of a second job; the lock itself is the flock.
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) != ssize_t(who.size())) {
+    const int err = errno;
+    ::close(fd);
+    RT_REQUIRE(false, "--checkpoint-dir '", dir_, "': cannot write the lock file '", path,
+               "': ", std::strerror(err));
+  }
+  lock_fd_ = fd;
+  return "";
+}
+
 std::string CheckpointStore::path_for(int64_t step) const {
   char name[32];
   std::snprintf(name, sizeof name, "ckpt-%09lld.h5", static_cast<long long>(step));
@@ -161,6 +323,16 @@ std::vector<std::string> CheckpointStore::list() const {
     if (e.is_regular_file() && std::regex_match(name, name_re)) out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());  // 9-digit steps sort by name
+  return out;
+}
+
+std::vector<std::string> CheckpointStore::list_invalid() const {
+  static const std::regex name_re(R"(ckpt-(\d{9})\.h5\.invalid)");
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (std::regex_match(e.path().filename().string(), name_re)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -194,7 +366,10 @@ void CheckpointStore::prune(const std::string& keep_this) {
     std::error_code ec;
     fs::remove(files[i], ec);
   }
-  // A .tmp left by a killed save is never a checkpoint; remove stale ones too.
+  // A .tmp left by a killed save is never a checkpoint; remove stale ones too. Only under
+  // the directory's lock: then no other job writes here, and this job's own save has
+  // renamed its file before pruning, so every .tmp is stale.
+  if (lock_fd_ < 0) return;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec))
     if (e.path().extension() == ".tmp" && e.path().stem().extension() == ".h5")

@@ -1,7 +1,9 @@
 // Checkpoints, format version 1 (docs/formats.md): one HDF5 file per save, written as
 // DIR/ckpt-<step, 9 digits>.h5.tmp, fsync'd, renamed to .h5, directory fsync'd; the newest
-// `keep` are kept. A file that fails validation is never chosen for resume, and a save
-// never touches an existing good checkpoint until its own file is complete.
+// `keep` are kept. A file that fails validation (checksums, missing datasets, non-finite
+// or impossible values) is never chosen for resume, and a save never touches an existing
+// good checkpoint until its own file is complete. The job that writes a directory holds
+// DIR/.lock (flock), so two jobs never share one.
 #pragma once
 
 #include <mpi.h>
@@ -30,6 +32,13 @@ struct CheckpointMeta {
   int64_t optimizer_step = 0;
   int64_t seed = 0;                      // /rng: every stream derives from it
   double input_mean = 0, input_std = 1;  // the input normalisation the model trained with
+  // ... per channel, when the data had /mean and /std (attributes input_channel_mean/std)
+  std::vector<double> input_channel_mean, input_channel_std;
+  int64_t grad_accum = 1;  // micro-batches per step of the run that saved
+  // --keep-best/--early-stop: the best evaluation so far (step -1: none yet) and the
+  // evaluations since it, so that a resumed run keeps the same best and patience.
+  double best_value = 0;
+  int64_t best_step = -1, evals_since_best = 0;
 };
 
 struct NamedTensor {
@@ -43,24 +52,46 @@ struct OptimizerState {
 };
 
 // Reads the root/group attributes; input error if `path` is not a ringtrain checkpoint of a
-// version this build reads.
+// version this build reads, or if a value is one no save writes (impossible_meta).
 CheckpointMeta read_checkpoint_meta(const std::string& path);
-// Fills each tensor from /params/<name> (or /optimizer/<name>/<state>), checking shapes.
+// Why metadata cannot be that of a real save (a negative step or optimizer step, a
+// non-finite or non-positive loss scale or input_std, ...), or "" when it can.
+std::string impossible_meta(const CheckpointMeta& m);
+// Why the values of a float tensor stored as `name` (e.g. "params/fc1.weight",
+// "optimizer/fc1.weight/exp_avg_sq") are impossible: the first non-finite value, or a
+// negative one where only non-negative ones exist (exp_avg_sq, running_var); "" if fine.
+std::string impossible_values(const std::string& name, const float* v, int64_t n);
+// Throws a runtime error (exit 2) naming the first tensor that holds a non-finite value,
+// and where: a save never writes a checkpoint that resume would then reject.
+void require_finite_for_save(const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
+                             const std::vector<OptimizerState>& optimizer,
+                             const std::vector<NamedTensor>& buffers = {});
+// Fill each tensor from /params/<name> (or /optimizer/<name>/<state>), checking shapes and
+// values (input error naming the file and tensor when impossible_values finds a problem).
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params);
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states);
 // Fills each tensor from /buffers/<name> (non-trainable state such as BatchNorm's running
 // averages), checking shapes.
 void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers);
-// Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums),
-// and that the file holds each of `expected` (full dataset paths, e.g. "params/fc1.weight")
-// as fp32 with its shape.
+// Full check: opens, reads the metadata and every dataset (verifying Fletcher32 checksums
+// and that every float value is possible), and that the file holds each of `expected` (full dataset
+// paths, e.g. "params/fc1.weight") as fp32 with its shape.
 bool validate_checkpoint(const std::string& path, std::string* why,
                          const std::vector<NamedTensor>& expected = {});
 
 class CheckpointStore {
  public:
   CheckpointStore(std::string dir, int keep);  // input error when the dir cannot be made
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
   const std::string& dir() const { return dir_; }
+  // Takes DIR/.lock with flock (non-blocking) for the life of this store and writes
+  // "host pid" into it; the one process of a job that writes the directory (rank 0) calls
+  // it before touching any file there. Input error naming the holder's host and pid when
+  // another job holds it. Returns a warning when the file system has no locks (the job
+  // runs unprotected), else "".
+  std::string lock();
   std::string path_for(int64_t step) const;
   // Writes DIR/ckpt-<step>.h5 atomically and prunes to `keep`; returns the file's bytes.
   // Collective over `comm`: every rank calls it with the same meta and replicated tensors;
@@ -75,6 +106,8 @@ class CheckpointStore {
                 const std::vector<NamedTensor>& per_rank = {},
                 const std::vector<NamedTensor>& buffers = {});
   std::vector<std::string> list() const;  // checkpoint files, oldest step first
+  // Checkpoints renamed aside as damaged (ckpt-<step>.h5.invalid), oldest step first.
+  std::vector<std::string> list_invalid() const;
   // The newest file that validates (and holds `expected`, full dataset paths); the newer
   // ones skipped are listed as (file, what is wrong) in *skipped. same_run, if given, sees
   // each intact file's metadata first and throws for a checkpoint of another run, which
@@ -88,6 +121,7 @@ class CheckpointStore {
   void prune(const std::string& keep_this);
   std::string dir_;
   int keep_;
+  int lock_fd_ = -1;  // DIR/.lock while this store holds it
 };
 
 }  // namespace ringtrain::io

@@ -142,6 +142,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<OptimizerState>& optimizer,
                                const std::vector<NamedTensor>& per_rank,
                                const std::vector<NamedTensor>& buffers) {
+  require_finite_for_save(m, params, optimizer, buffers);  // before any file is created
   H5Lock lock;
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
@@ -161,6 +162,14 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "ringtrain_version", m.ringtrain_version);
     write_attr(f, "input_mean", m.input_mean);
     write_attr(f, "input_std", m.input_std);
+    if (!m.input_channel_mean.empty()) {
+      write_attr(f, "input_channel_mean", m.input_channel_mean);
+      write_attr(f, "input_channel_std", m.input_channel_std);
+    }
+    write_attr(f, "grad_accum", m.grad_accum);
+    write_attr(f, "best_value", m.best_value);
+    write_attr(f, "best_step", m.best_step);
+    write_attr(f, "evals_since_best", m.evals_since_best);
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
     for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);

@@ -21,10 +21,23 @@ struct DatasetInfo {
   int64_t num_shards = 0;
   Shape sample_shape;  // [C, H, W] or [D]
   DType image_dtype = DType::u8;
-  int64_t num_classes = 0;
+  int64_t num_classes = 0;   // 0: unknown (unlabelled data)
+  bool has_labels = true;    // /labels present in every shard
   bool has_norm = false;     // mean/std attributes present
   double mean = 0, std = 1;  // of the pixel values after uint8 scaling to [0, 1]
+  // Per channel (the /mean and /std datasets of shape [C]); empty when absent.
+  std::vector<double> channel_mean, channel_std;
 };
+
+// The input normalisation x' = (x - mean[c]) / std[c]: one value for every element, or one
+// per channel of [C, H, W] samples.
+struct Normalization {
+  std::vector<double> mean = {0}, std = {1};
+  bool per_channel() const { return mean.size() > 1; }
+};
+// The dataset's own: per channel when it has /mean and /std, else its scalar attributes,
+// else none (0 and 1).
+Normalization normalization_of(const DatasetInfo& info);
 
 // The shard files a --data value names, in name order (input error when none).
 std::vector<std::string> resolve_dataset_files(const std::string& spec);
@@ -32,7 +45,8 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec);
 class Dataset {
  public:
   // Opens and validates every shard; they must agree on sample shape, dtype and classes.
-  explicit Dataset(const std::string& spec);
+  // Without /labels a dataset is an input error unless labels_required is false (predict).
+  explicit Dataset(const std::string& spec, bool labels_required = true);
   ~Dataset();
   const DatasetInfo& info() const { return info_; }
   int64_t sample_numel() const { return shape_numel(info_.sample_shape); }
@@ -43,11 +57,16 @@ class Dataset {
   int64_t cached_samples() const { return cached_count_; }
 
   // Reads the samples at global indices idx[0..n) (any order, repeats allowed) into
-  // x [n, sample] as float32 (v/255 for uint8 images, then (v - mean) / std) and y [n] as
-  // int32. Not for concurrent calls on one Dataset.
-  void read(const int64_t* idx, int64_t n, float* x, int32_t* y, double mean, double std);
+  // x [n, sample] as float32 (v/255 for uint8 images, then (v - mean[c]) / std[c]) and y [n]
+  // as int32 (y may be null, and must be for data without labels). A label outside
+  // [0, num_classes) or a non-finite float pixel is an input error naming the file and the
+  // global sample index. Not for concurrent calls on one Dataset.
+  void read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm);
 
  private:
+  // Input error naming the shard file and global index of a float sample holding NaN/inf.
+  [[noreturn]] void reject_non_finite(int64_t index, const float* sample) const;
+
   DatasetInfo info_;
   std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<int64_t> offsets_;  // first global index of each shard, plus N at the end
@@ -63,7 +82,8 @@ class Dataset {
 
 // Writes a dataset (format v1) from uint8 images [N, ...] and labels, as one file or as
 // `shards` files NAME-00000-of-0000S.h5 (NAME = path without .h5) of contiguous samples.
-// The mean/std attributes, computed over all samples, are the same in every shard.
+// The mean/std attributes and the per-channel /mean and /std datasets ([C]; C = 1 for
+// [N, H, W] or [N, D] images), computed over all samples, are the same in every shard.
 // Returns the files written.
 std::vector<std::string> write_dataset_files(const std::string& path, const uint8_t* images,
                                              const Shape& shape, const int32_t* labels,

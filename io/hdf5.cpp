@@ -68,6 +68,9 @@ H5Id open_file_readonly(const std::string& path, const char* role) {
   RT_REQUIRE(fs::exists(path, ec), role, " '", path, "' does not exist");
   RT_REQUIRE(!fs::is_directory(path, ec), role, " '", path,
              "' is a directory; expected an HDF5 file");
+  // A FIFO or device would block H5Fis_hdf5 (and every later read) forever.
+  RT_REQUIRE(fs::is_regular_file(path, ec), role, " '", path,
+             "' is not a regular file; expected an HDF5 file");
   RT_REQUIRE(access(path.c_str(), R_OK) == 0, role, " '", path,
              "' cannot be read: ", std::strerror(errno));
   RT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, role, " '", path,
@@ -111,44 +114,123 @@ void write_attr(hid_t obj, const char* name, double value) {
   write_attr_raw(obj, name, H5T_NATIVE_DOUBLE, &value);
 }
 
+namespace {
+
+// The file an object lives in, for messages ("?" if HDF5 cannot say).
+std::string file_of(hid_t obj) {
+  const ssize_t n = H5Fget_name(obj, nullptr, 0);
+  if (n <= 0) return "?";
+  std::string name(size_t(n) + 1, '\0');
+  H5Fget_name(obj, name.data(), name.size());
+  name.resize(size_t(n));
+  return name;
+}
+
+// An attribute that must be read: an input error naming the file, the attribute and what
+// was expected, with HDF5's words only as the detail after it.
+[[noreturn]] void bad_attr(hid_t obj, const char* name, const char* expected,
+                           const std::string& detail) {
+  throw_input(
+      cat("'", file_of(obj), "': attribute '", name, "' ", detail, "; expected ", expected));
+}
+
+// Opens attribute `name` of obj if its type is of class `cls` (else an invalid id: the
+// caller answers "not this kind") and checks that it holds exactly one value.
+H5Id open_attr_of_class(hid_t obj, const char* name, H5T_class_t cls, const char* expected) {
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  if (attr.get() < 0)
+    bad_attr(obj, name, expected, cat("cannot be opened (", h5_error_stack(), ")"));
+  H5Id type(H5Aget_type(attr));
+  const H5T_class_t c = type.get() < 0 ? H5T_NO_CLASS : H5Tget_class(type);
+  const bool number = cls == H5T_FLOAT && c == H5T_INTEGER;  // an integer is a number too
+  if (c != cls && !number) return H5Id();
+  H5Id space(H5Aget_space(attr));
+  const hssize_t n = space.get() < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  if (n != 1) bad_attr(obj, name, expected, cat("holds ", n, " values"));
+  return attr;
+}
+
+}  // namespace
+
 std::optional<std::string> read_attr_string(hid_t obj, const char* name) {
   if (!has_attr(obj, name)) return std::nullopt;
-  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
-  H5Id type(H5_CHECK(H5Aget_type(attr)));
-  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
+  const char* expected = "one string (fixed or variable length, ASCII or UTF-8)";
+  H5Id attr = open_attr_of_class(obj, name, H5T_STRING, expected);
+  if (attr.get() < 0) return std::nullopt;
+  H5Id type(H5Aget_type(attr));
+  // The memory type carries the file's character set: HDF5 has no conversion between
+  // ASCII and UTF-8, and h5py writes str attributes as variable-length UTF-8.
+  const H5T_cset_t cset = H5Tget_cset(type);
   if (H5Tis_variable_str(type) > 0) {
     char* s = nullptr;
-    H5Id mem(H5_CHECK(H5Tcopy(H5T_C_S1)));
-    H5_CHECK(H5Tset_size(mem, H5T_VARIABLE));
-    H5_CHECK(H5Aread(attr, mem, &s));
+    H5Id mem(H5Tcopy(H5T_C_S1));
+    if (mem.get() < 0 || H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, cset) < 0 ||
+        H5Aread(attr, mem, &s) < 0)
+      bad_attr(obj, name, expected, cat("cannot be read as a string (", h5_error_stack(), ")"));
     std::string out = s ? s : "";
     H5free_memory(s);
     return out;
   }
   std::string out(H5Tget_size(type), '\0');
-  H5_CHECK(H5Aread(attr, type, out.data()));
+  if (H5Aread(attr, type, out.data()) < 0)
+    bad_attr(obj, name, expected, cat("cannot be read as a string (", h5_error_stack(), ")"));
   out.resize(std::strlen(out.c_str()));
   return out;
 }
 
 std::optional<int64_t> read_attr_int(hid_t obj, const char* name) {
   if (!has_attr(obj, name)) return std::nullopt;
-  H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
-  H5Id type(H5_CHECK(H5Aget_type(attr)));
-  if (H5Tget_class(type) != H5T_INTEGER) return std::nullopt;
+  H5Id attr = open_attr_of_class(obj, name, H5T_INTEGER, "one integer");
+  if (attr.get() < 0) return std::nullopt;
   int64_t v = 0;
-  H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v));
+  if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0)
+    bad_attr(obj, name, "one integer",
+             cat("cannot be read as a 64-bit integer (", h5_error_stack(), ")"));
   return v;
 }
 
 std::optional<double> read_attr_double(hid_t obj, const char* name) {
   if (!has_attr(obj, name)) return std::nullopt;
+  H5Id attr = open_attr_of_class(obj, name, H5T_FLOAT, "one number");
+  if (attr.get() < 0) return std::nullopt;
+  double v = 0;
+  if (H5Aread(attr, H5T_NATIVE_DOUBLE, &v) < 0)
+    bad_attr(obj, name, "one number", cat("cannot be read as a number (", h5_error_stack(), ")"));
+  return v;
+}
+
+void write_attr(hid_t obj, const char* name, const std::vector<double>& values) {
+  if (has_attr(obj, name)) H5_CHECK(H5Adelete(obj, name));
+  const hsize_t n = values.size();
+  H5Id space(H5_CHECK(H5Screate_simple(1, &n, nullptr)));
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT)));
+  H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, values.data()));
+}
+
+std::optional<std::vector<double>> read_attr_doubles(hid_t obj, const char* name) {
+  if (!has_attr(obj, name)) return std::nullopt;
   H5Id attr(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)));
   H5Id type(H5_CHECK(H5Aget_type(attr)));
   auto cls = H5Tget_class(type);
   if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
-  double v = 0;
-  H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, &v));
+  H5Id space(H5_CHECK(H5Aget_space(attr)));
+  std::vector<double> v(
+      size_t(std::max<hssize_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)), 0)));
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, v.data()));
+  return v;
+}
+
+std::optional<std::vector<double>> read_doubles(hid_t loc, const char* name) {
+  if (!has_link(loc, name)) return std::nullopt;
+  H5Id ds(H5_CHECK(H5Dopen2(loc, name, H5P_DEFAULT)));
+  H5Id type(H5_CHECK(H5Dget_type(ds)));
+  auto cls = H5Tget_class(type);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
+  H5Id space(H5_CHECK(H5Dget_space(ds)));
+  if (H5Sget_simple_extent_ndims(space) != 1) return std::nullopt;
+  std::vector<double> v(
+      size_t(std::max<hssize_t>(H5_CHECK(H5Sget_simple_extent_npoints(space)), 0)));
+  H5_CHECK(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
   return v;
 }
 
@@ -220,8 +302,9 @@ std::optional<DType> dataset_dtype(hid_t ds) {
 }
 
 void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t chunk_rows) {
-  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-  if (dims.empty()) dims.push_back(1);
+  const std::vector<hsize_t> dims = t.shape.empty()
+                                        ? std::vector<hsize_t>{1}
+                                        : std::vector<hsize_t>(t.shape.begin(), t.shape.end());
   H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
   H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
   if (t.numel() > 0) {

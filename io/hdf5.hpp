@@ -99,6 +99,11 @@ void write_attr(hid_t obj, const char* name, double value);
 std::optional<std::string> read_attr_string(hid_t obj, const char* name);
 std::optional<int64_t> read_attr_int(hid_t obj, const char* name);
 std::optional<double> read_attr_double(hid_t obj, const char* name);
+// A 1-D float64 attribute (per-channel values); nullopt when absent or not numeric.
+void write_attr(hid_t obj, const char* name, const std::vector<double>& values);
+std::optional<std::vector<double>> read_attr_doubles(hid_t obj, const char* name);
+// A whole 1-D numeric dataset read as float64 (HDF5 converts); nullopt when absent.
+std::optional<std::vector<double>> read_doubles(hid_t loc, const char* name);
 
 bool has_link(hid_t loc, const std::string& path);  // path may have several components
 H5Id create_group(hid_t loc, const std::string& name);

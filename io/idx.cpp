@@ -14,7 +14,9 @@
 namespace ringtrain::io {
 
 IdxArray read_idx(const std::string& path) {
-  RT_REQUIRE(std::filesystem::is_regular_file(path), "IDX file '", path, "' does not exist");
+  RT_REQUIRE(std::filesystem::exists(path), "IDX file '", path, "' does not exist");
+  RT_REQUIRE(std::filesystem::is_regular_file(path), "IDX file '", path,
+             "' is not a regular file");  // a FIFO would block the read forever
   gzFile f = gzopen(path.c_str(), "rb");
   RT_REQUIRE(f, "IDX file '", path, "' cannot be opened");
   struct Closer {
@@ -38,13 +40,42 @@ IdxArray read_idx(const std::string& path) {
   RT_REQUIRE(magic[2] == 0x08, "IDX file '", path, "' holds element type 0x", std::hex,
              int(magic[2]), "; only unsigned bytes (0x08) are supported");
   IdxArray a;
+  uint64_t bytes = 1;
+  bool overflow = false;
   for (int d = 0; d < magic[3]; ++d) {
     uint8_t b[4];
     read_exact(b, 4);
     a.shape.push_back(int64_t(b[0]) << 24 | int64_t(b[1]) << 16 | int64_t(b[2]) << 8 | b[3]);
+    overflow |= __builtin_mul_overflow(bytes, uint64_t(a.shape.back()), &bytes);
   }
-  a.data.resize(size_t(shape_numel(a.shape)));
-  read_exact(a.data.data(), a.data.size());
+  // The header's sizes are checked against the file before anything is allocated.
+  RT_REQUIRE(!overflow, "IDX file '", path, "' declares shape ", shape_str(a.shape),
+             ", whose size overflows 64 bits; the header is corrupt");
+  RT_REQUIRE(bytes > 0, "IDX file '", path, "' declares shape ", shape_str(a.shape),
+             ", which holds no values");
+  const size_t header = 4 + 4 * size_t(magic[3]);
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  if (gzdirect(f)) {  // uncompressed: the file size is the truth
+    RT_REQUIRE(!ec && bytes <= file_bytes - header, "IDX file '", path, "' declares shape ",
+               shape_str(a.shape), " (", bytes, " bytes) but holds only ", file_bytes - header,
+               " bytes of data; the file is truncated or its header is corrupt");
+    a.data.resize(size_t(bytes));
+    read_exact(a.data.data(), a.data.size());
+    return a;
+  }
+  // Compressed: the size is known only by decompressing, so memory grows with the data
+  // actually read rather than with what the header claims.
+  constexpr size_t kPiece = size_t(64) << 20;
+  while (a.data.size() < bytes) {
+    const size_t have = a.data.size(), want = size_t(std::min<uint64_t>(kPiece, bytes - have));
+    a.data.resize(have + want);
+    const int got = gzread(f, a.data.data() + have, unsigned(want));
+    RT_REQUIRE(got > 0, "IDX file '", path, "' declares shape ", shape_str(a.shape), " (", bytes,
+               " bytes) but its compressed data ends after ", have,
+               " bytes; the file is truncated or its header is corrupt");
+    a.data.resize(have + size_t(got));
+  }
   return a;
 }
 
@@ -56,6 +87,7 @@ ConvertResult convert_idx(const std::string& images, const std::string& labels,
              shape_str(im.shape), "; expected [N, H, W] or [N, D]");
   RT_REQUIRE(lb.shape.size() == 1, "--labels '", labels, "' has shape ", shape_str(lb.shape),
              "; expected [N]");
+  RT_REQUIRE(im.shape[0] > 0, "--images '", images, "' holds no images");
   RT_REQUIRE(lb.shape[0] == im.shape[0], "--labels '", labels, "' holds ", lb.shape[0],
              " labels but --images '", images, "' holds ", im.shape[0], " images");
   Shape shape = im.shape;

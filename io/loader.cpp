@@ -1,6 +1,8 @@
 // Epoch permutations, per-rank batch slices and the prefetch thread (see loader.hpp).
 #include "io/loader.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -17,15 +19,72 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) 
   return p;
 }
 
-Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
-               double std, int prefetch)
+Augment parse_augment(const std::string& spec) {
+  Augment a;
+  if (spec.empty()) return a;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t end = std::min(spec.find(',', pos), spec.size());
+    const std::string part = spec.substr(pos, end - pos);
+    long long pad = 0;
+    int used = 0;
+    if (part == "flip" && !a.flip) {
+      a.flip = true;
+    } else if (a.pad == 0 && std::sscanf(part.c_str(), "crop:%lld%n", &pad, &used) == 1 &&
+               used == int(part.size()) && pad > 0 && pad <= 1024) {
+      a.pad = pad;
+    } else {
+      throw_input(cat("--augment '", spec, "': '", part,
+                      "' is not valid; expected crop:PAD (PAD from 1 to 1024 pixels), flip, or "
+                      "both, e.g. crop:4,flip"));
+    }
+    pos = end + 1;
+  }
+  return a;
+}
+
+void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int64_t* idx,
+                     int64_t n, const Shape& ss, const Normalization& norm, float* x) {
+  const int64_t c = ss[0], h = ss[1], w = ss[2], per = c * h * w, p = aug.pad;
+  std::vector<float> src(static_cast<size_t>(per));
+  const uint64_t epoch_seed = mix_seed(mix_seed(seed, hash_name("augment")), uint64_t(epoch));
+  for (int64_t i = 0; i < n; ++i) {
+    Rng rng(mix_seed(epoch_seed, uint64_t(idx[i])));
+    // The crop's offset into the padded image, then the flip: drawn in this order always.
+    const int64_t dy = p ? int64_t(rng.below(uint64_t(2 * p + 1))) - p : 0;
+    const int64_t dx = p ? int64_t(rng.below(uint64_t(2 * p + 1))) - p : 0;
+    const bool flip = aug.flip && rng.below(2) == 1;
+    if (dy == 0 && dx == 0 && !flip) continue;
+    float* dst = x + i * per;
+    std::copy(dst, dst + per, src.begin());
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const size_t k = norm.mean.size() > 1 ? size_t(ch) : 0;
+      const float zero = float(-norm.mean[k] / norm.std[k]);  // a raw 0, normalised
+      for (int64_t r = 0; r < h; ++r) {
+        const int64_t sr = r + dy;
+        for (int64_t col = 0; col < w; ++col) {
+          const int64_t sc = (flip ? w - 1 - col : col) + dx;
+          dst[(ch * h + r) * w + col] =
+              sr >= 0 && sr < h && sc >= 0 && sc < w ? src[size_t((ch * h + sr) * w + sc)] : zero;
+        }
+      }
+    }
+  }
+}
+
+Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
+               const Normalization& norm, int prefetch, Augment augment)
     : data_(data),
       seed_(seed),
       global_batch_(global_batch),
       rank_(rank),
-      mean_(mean),
-      std_(std),
-      prefetch_(prefetch) {
+      norm_(norm),
+      prefetch_(prefetch),
+      augment_(augment) {
+  RT_REQUIRE(!augment.any() || data.info().sample_shape.size() == 3,
+             "--augment needs image "
+             "samples [C, H, W]; dataset '",
+             data.info().path, "' has samples of shape ", shape_str(data.info().sample_shape));
   RT_REQUIRE(global_batch > 0, "the global batch size must be positive, got ", global_batch);
   RT_REQUIRE(global_batch % world == 0, "global batch size ", global_batch, " does not divide by ",
              world, " ranks; use a multiple of ", world, " (or set --batch-size per rank)");
@@ -77,7 +136,10 @@ void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
   slot.batch.epoch = epoch;
   slot.batch.position = position;
   const int64_t* idx = perm_.data() + position + int64_t(rank_) * local_batch_;
-  data_.read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), mean_, std_);
+  data_.read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), norm_);
+  if (augment_.any())
+    augment_samples(augment_, seed_, epoch, idx, local_batch_, data_.info().sample_shape, norm_,
+                    slot.batch.x.as<float>());
 }
 
 void Loader::produce() {

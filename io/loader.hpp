@@ -3,13 +3,16 @@
 // contiguous slices. So the samples a step trains on do not depend on W.
 // With prefetch > 0 a background thread reads that many batches ahead into reusable
 // buffers; the consumer-side position (epoch, next permutation position) is what a
-// checkpoint stores.
+// checkpoint stores. Augmentation (--augment) runs in the same thread, after the read, with
+// one random stream per (seed, epoch, dataset index): a sample is augmented the same way
+// whichever rank reads it, on any rank count and after a resume.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,6 +24,20 @@ namespace ringtrain::io {
 // Fisher-Yates over [0, n) with a stream derived from (seed, epoch).
 std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n);
 
+// --augment crop:PAD,flip: a random crop of the sample after zero padding by PAD on every
+// side (the size stays), and a horizontal flip with probability 1/2.
+struct Augment {
+  int64_t pad = 0;
+  bool flip = false;
+  bool any() const { return pad > 0 || flip; }
+};
+// Input error naming --augment for anything but "crop:PAD", "flip" or both, comma-separated.
+Augment parse_augment(const std::string& spec);
+// Augments the samples x [n, C, H, W] (normalised) in place; idx are their dataset indices.
+// A padded pixel is what a raw 0 normalises to in its channel.
+void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int64_t* idx,
+                     int64_t n, const Shape& sample_shape, const Normalization& norm, float* x);
+
 struct Batch {
   Tensor x;                         // [B, sample...] float32, normalised
   Tensor y;                         // [B] int32
@@ -30,8 +47,8 @@ struct Batch {
 class Loader {
  public:
   // Input error when the global batch does not divide by `world` or exceeds the dataset.
-  Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world, double mean,
-         double std, int prefetch = 0);
+  Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
+         const Normalization& norm, int prefetch = 0, Augment augment = {});
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -63,8 +80,9 @@ class Loader {
   uint64_t seed_;
   int64_t global_batch_, local_batch_;
   int rank_;
-  double mean_, std_;
+  Normalization norm_;
   int prefetch_;
+  Augment augment_;
   int64_t epoch_ = 0, position_ = 0;            // consumer side
   int64_t next_epoch_ = 0, next_position_ = 0;  // producer side
   int64_t perm_epoch_ = -1;

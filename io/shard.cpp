@@ -5,10 +5,63 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace ringtrain::io {
+
+namespace {
+
+// Declared sizes are checked against what the file stores before anything is allocated
+// from them: a dataset whose extent says 10^12 samples while its storage holds a few bytes
+// is a damaged or hostile file, not a request for terabytes of memory.
+void require_stored(hid_t ds, const std::string& file, const char* name, const Shape& shape,
+                    size_t elem_bytes) {
+  const std::string what = cat("dataset '", file, "': /", name);
+  uint64_t bytes = elem_bytes;
+  for (int64_t d : shape) {
+    RT_REQUIRE(d >= 1, what, " has shape ", shape_str(shape), "; every dimension must be >= 1");
+    RT_REQUIRE(!__builtin_mul_overflow(bytes, uint64_t(d), &bytes) && bytes < (uint64_t(1) << 62),
+               what, " declares shape ", shape_str(shape),
+               ", whose size in bytes overflows 64 bits; the file is damaged");
+  }
+  H5Id dcpl(H5_CHECK(H5Dget_create_plist(ds)));
+  if (H5Pget_nfilters(dcpl) == 0) {
+    // Unfiltered: the storage holds every byte (chunks at the edges may hold more).
+    const uint64_t stored = H5Dget_storage_size(ds);
+    RT_REQUIRE(stored >= bytes, what, " declares ", shape[0], " samples of shape ",
+               shape_str(Shape(shape.begin() + 1, shape.end())), " (", bytes,
+               " bytes) but the file stores ", stored,
+               " bytes of it; the file is truncated or was never fully written");
+    if (H5Pget_layout(dcpl) == H5D_CONTIGUOUS) {
+      const haddr_t at = H5Dget_offset(ds);
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(file, ec);
+      RT_REQUIRE(ec || (at != HADDR_UNDEF && at + bytes <= size), what, " (", bytes,
+                 " bytes) reaches beyond the end of the file (", size,
+                 " bytes); the file is truncated");
+    }
+    return;
+  }
+  // Filtered (compressed) chunks can be any size: every chunk must exist instead.
+  std::vector<hsize_t> chunk(shape.size());
+  RT_REQUIRE(H5Pget_chunk(dcpl, int(chunk.size()), chunk.data()) == int(chunk.size()), what,
+             " is filtered but not chunked; the file is damaged");
+  uint64_t expected = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    expected *= (uint64_t(shape[d]) + chunk[d] - 1) / chunk[d];  // <= bytes: no overflow
+  H5Id space(H5_CHECK(H5Dget_space(ds)));
+  hsize_t have = 0;
+  H5_CHECK(H5Dget_num_chunks(ds, space, &have));
+  RT_REQUIRE(have == expected, what, " declares ", shape[0], " samples of shape ",
+             shape_str(Shape(shape.begin() + 1, shape.end())), " in ", expected,
+             " chunks but the file stores ", have,
+             " of them; the file is truncated or was never fully written");
+}
+
+}  // namespace
 
 ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   H5Lock lock;
@@ -23,29 +76,45 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   RT_REQUIRE(version && *version == kDatasetVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
              kDatasetVersion);
+  RT_REQUIRE(has_link(file_, "images"), what, " must hold a dataset /images");
+  info_.has_labels = has_link(file_, "labels");
+  // Unlabelled data (for `predict`) may leave the number of classes unsaid.
   auto classes = read_attr_int(file_, "num_classes");
-  RT_REQUIRE(classes && *classes >= 2, what, " needs an integer attribute num_classes >= 2");
-  info_.num_classes = *classes;
-
-  RT_REQUIRE(has_link(file_, "images") && has_link(file_, "labels"), what,
-             " must hold datasets /images and /labels");
+  RT_REQUIRE((classes && *classes >= 2) || (!classes && !info_.has_labels), what,
+             " needs an integer attribute num_classes >= 2",
+             info_.has_labels ? "" : " (or none, as it has no /labels)");
+  info_.num_classes = classes ? *classes : 0;
   // No chunk cache for the images: with uncompressed chunks HDF5 then reads just the
   // selected rows instead of staging a whole ~1 MiB chunk for every sample.
   H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
   images_ = H5Id(H5_CHECK(H5Dopen2(file_, "images", dapl)));
-  labels_ = open_dataset(file_, "labels");
-  Shape ishape = dataset_shape(images_), lshape = dataset_shape(labels_);
-  auto itype = dataset_dtype(images_), ltype = dataset_dtype(labels_);
+  Shape ishape = dataset_shape(images_);
+  auto itype = dataset_dtype(images_);
   RT_REQUIRE(itype && (*itype == DType::u8 || *itype == DType::f32), what,
              ": /images must be uint8 or float32");
-  RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
-             ": /labels must be int32 or int64");
   RT_REQUIRE(ishape.size() == 2 || ishape.size() == 4, what, ": /images has shape ",
              shape_str(ishape), "; expected [N, C, H, W] or [N, D]");
-  RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
-             shape_str(lshape), "; expected [", ishape[0], "] to match /images");
   RT_REQUIRE(ishape[0] > 0, what, " holds no samples");
+  Shape lshape;
+  std::optional<DType> ltype;
+  if (info_.has_labels) {
+    labels_ = open_dataset(file_, "labels");
+    lshape = dataset_shape(labels_);
+    ltype = dataset_dtype(labels_);
+    RT_REQUIRE(ltype && (*ltype == DType::i32 || *ltype == DType::i64), what,
+               ": /labels must be int32 or int64");
+    RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
+               shape_str(lshape), "; expected [", ishape[0], "] to match /images");
+  }
+  require_stored(images_, path_, "images", ishape, dtype_size(*itype));
+  if (info_.has_labels) require_stored(labels_, path_, "labels", lshape, dtype_size(*ltype));
+  // Every sample is converted to fp32 in memory; one that cannot fit can never be trained on.
+  const uint64_t sample_fp32 = uint64_t(shape_numel(Shape(ishape.begin() + 1, ishape.end()))) * 4;
+  const uint64_t memory = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+  RT_REQUIRE(sample_fp32 <= memory, what, ": one sample of shape ",
+             shape_str(Shape(ishape.begin() + 1, ishape.end())), " takes ", sample_fp32,
+             " bytes as fp32, more than this machine's ", memory, " bytes of memory");
   info_.image_dtype = *itype;
   info_.num_samples = ishape[0];
   info_.sample_shape.assign(ishape.begin() + 1, ishape.end());
@@ -54,6 +123,19 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
     info_.has_norm = true;
     info_.mean = *mean;
     info_.std = *std;
+  }
+  auto cmean = read_doubles(file_, "mean"), cstd = read_doubles(file_, "std");
+  if (cmean || cstd) {
+    const size_t c = info_.sample_shape.size() == 3 ? size_t(info_.sample_shape[0]) : 1;
+    RT_REQUIRE(cmean && cstd && cmean->size() == c && cstd->size() == c, what,
+               ": /mean and /std must both be datasets of shape [", c,
+               "] (one value per channel of ", shape_str(info_.sample_shape), ")");
+    for (size_t i = 0; i < c; ++i)
+      RT_REQUIRE(std::isfinite((*cmean)[i]) && std::isfinite((*cstd)[i]) && (*cstd)[i] > 0, what,
+                 ": channel ", i, " has mean ", (*cmean)[i], " and std ", (*cstd)[i],
+                 "; expected finite values and std > 0");
+    info_.channel_mean = *cmean;
+    info_.channel_std = *cstd;
   }
   plan_direct_reads(ishape);
 }
@@ -177,6 +259,7 @@ void ShardFile::read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t*
   }
   H5Lock lock;
   if (fd_ < 0) read_images_hyperslab(rows, m, raw);
+  if (!info_.has_labels) return;
   H5Id lspace(H5_CHECK(H5Dget_space(labels_)));
   select_rows(lspace, rows, m);
   const hsize_t lm = hsize_t(m);

@@ -22,9 +22,12 @@ struct ShardInfo {
   int64_t num_samples = 0;
   Shape sample_shape;  // [C, H, W] or [D]
   DType image_dtype = DType::u8;
-  int64_t num_classes = 0;
+  int64_t num_classes = 0;  // 0: unknown (allowed only without labels)
+  bool has_labels = true;   // /labels present (unlabelled data is for `predict`)
   bool has_norm = false;
   double mean = 0, std = 1;
+  // Per-channel /mean and /std datasets of shape [C] (empty when the file has none).
+  std::vector<double> channel_mean, channel_std;
 };
 
 class ShardFile {
@@ -38,7 +41,7 @@ class ShardFile {
   int64_t sample_bytes() const;
 
   // Reads the rows rows[0..m) (sorted, distinct, local to this file) into raw (m sample
-  // images, bytes as stored) and labels (m values).
+  // images, bytes as stored) and labels (m values; ignored for a file without labels).
   void read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t* labels);
 
  private:

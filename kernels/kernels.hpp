@@ -127,10 +127,11 @@ class Backend {
   virtual void relu(const Tensor& x, const Tensor& y) = 0;
   // dx = dy where y > 0, else 0 (y is relu's output). dx may alias dy.
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
-  // Softmax cross-entropy on fp32 logits [N, C] and int32 labels [N]. When dlogits is given
-  // it receives (softmax - onehot) * grad_scale / N in fp32.
+  // Softmax cross-entropy on fp32 logits [N, C] and int32 labels [N], against the target
+  // (1 - e) * onehot + e / C (PyTorch's label_smoothing = e; 0: plain cross-entropy). When
+  // dlogits is given it receives (softmax - target) * grad_scale / N in fp32.
   virtual XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                  const Tensor* dlogits) = 0;
+                                  const Tensor* dlogits, float label_smoothing = 0.f) = 0;
   // out (fp32) = in * factor, fused with the non-finite check of the loss scaler; returns
   // true when any element is inf or nan. out may alias in when both are fp32.
   virtual bool unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
@@ -200,5 +201,11 @@ void host_to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
 void host_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 // "OpenBLAS 0.3.21 (Haswell, pthread, max 64 threads)" or the like, for --version.
 std::string blas_version();
+// How the CPU backend computes on this machine, one line for the start-up line and --version:
+// "cpu isa avx512_core_fp16, GEMM oneDNN (auto: OpenBLAS core Prescott is below avx512),
+// bf16 widened (auto: no AMX), fp16 widened (no oneDNN kernels), OpenBLAS core Prescott
+// (below avx512)". Reads RINGTRAIN_GEMM and RINGTRAIN_CPU_BF16 (a bad value is named in the line
+// instead).
+std::string describe_cpu_gemm();
 
 }  // namespace ringtrain::kernels

@@ -1,12 +1,16 @@
-// train, eval, convert and inspect (see commands.hpp).
+// train, eval, predict, convert and inspect (see commands.hpp).
 #include "launch/commands.hpp"
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
 
 #include "io/checkpoint.hpp"
+#include "io/convert_output.hpp"
+#include "io/convert_source.hpp"
 #include "io/hdf5.hpp"
 #include "io/idx.hpp"
 #include "launch/device.hpp"
@@ -15,6 +19,7 @@
 #include "launch/metrics.hpp"
 #include "launch/model_source.hpp"
 #include "launch/options.hpp"
+#include "launch/predict.hpp"
 #include "launch/signals.hpp"
 #include "launch/trainer.hpp"
 
@@ -48,75 +53,268 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   return run_or_fail([&] { return trainer->run(); });
 }
 
+namespace {
+
+// Per class k of the confusion matrix m (rows: label, columns: prediction), one-vs-rest:
+// accuracy (TP + TN) / N, precision TP / predicted k (NaN when nothing was), recall TP /
+// samples of k (NaN when there are none).
+struct ClassFigures {
+  int64_t samples = 0, predicted = 0;
+  double accuracy = 0, precision = 0, recall = 0;
+};
+
+std::vector<ClassFigures> per_class(const std::vector<double>& m, int64_t c, int64_t n) {
+  std::vector<ClassFigures> out(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) {
+    double row = 0, col = 0;
+    for (int64_t j = 0; j < c; ++j) {
+      row += m[size_t(k * c + j)];
+      col += m[size_t(j * c + k)];
+    }
+    const double tp = m[size_t(k * c + k)];
+    ClassFigures& f = out[size_t(k)];
+    f.samples = int64_t(row);
+    f.predicted = int64_t(col);
+    f.accuracy = (double(n) - row - col + 2 * tp) / double(n);
+    f.precision = col > 0 ? tp / col : NAN;
+    f.recall = row > 0 ? tp / row : NAN;
+  }
+  return out;
+}
+
+std::string fixed4(double v) {
+  if (!std::isfinite(v)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+// The per-class table and (up to 20 classes) the confusion matrix, as eval prints them.
+void print_per_class(const std::vector<ClassFigures>& f, const std::vector<double>& m,
+                     const std::vector<std::string>& names) {
+  const int64_t c = int64_t(f.size());
+  auto name = [&](int64_t k) {
+    return size_t(k) < names.size() ? names[size_t(k)] : std::to_string(k);
+  };
+  size_t w = 5;
+  for (int64_t k = 0; k < c; ++k) w = std::max(w, name(k).size());
+  std::printf("%-*s %8s %9s %9s %9s %9s\n", int(w), "class", "samples", "predicted", "accuracy",
+              "precision", "recall");
+  for (int64_t k = 0; k < c; ++k)
+    std::printf("%-*s %8lld %9lld %9s %9s %9s\n", int(w), name(k).c_str(),
+                static_cast<long long>(f[size_t(k)].samples),
+                static_cast<long long>(f[size_t(k)].predicted),
+                fixed4(f[size_t(k)].accuracy).c_str(), fixed4(f[size_t(k)].precision).c_str(),
+                fixed4(f[size_t(k)].recall).c_str());
+  if (c > 20) {
+    std::printf("confusion matrix: %lld x %lld, in the --metrics record\n",
+                static_cast<long long>(c), static_cast<long long>(c));
+    return;
+  }
+  std::printf("confusion matrix (rows: label, columns: predicted class)\n%*s", int(w), "");
+  for (int64_t j = 0; j < c; ++j) std::printf(" %6lld", static_cast<long long>(j));
+  std::printf("\n");
+  for (int64_t k = 0; k < c; ++k) {
+    std::printf("%-*s", int(w), name(k).c_str());
+    for (int64_t j = 0; j < c; ++j) std::printf(" %6.0f", m[size_t(k * c + j)]);
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   EvalConfig cfg;
   if (!parse_agreed(parse_eval, args, cfg, comm)) return 0;
-  std::unique_ptr<Model> model;
+  LoadedModel loaded;
   std::unique_ptr<io::Dataset> data;
   std::unique_ptr<kernels::Backend> backend;
-  io::CheckpointMeta meta;
+  std::vector<std::string> names;
   agree(comm, [&] {
     const Device device = choose_device(cfg.device, comm);
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
-    meta = io::read_checkpoint_meta(cfg.checkpoint);
-    data = std::make_unique<io::Dataset>(cfg.data);
     load_plugins(cfg.plugins);
-    const ModelFile file = model_from_checkpoint(meta, cfg.checkpoint);
-    RT_REQUIRE(file.input_shape() == data->info().sample_shape, "--data '", cfg.data,
-               "' has samples of shape ", shape_str(data->info().sample_shape), " but checkpoint '",
-               cfg.checkpoint, "' holds a model for ", shape_str(file.input_shape()));
-    RT_REQUIRE(data->info().num_classes <= file.classes(), "--data '", cfg.data, "' has ",
-               data->info().num_classes, " classes but the model predicts ", file.classes());
-    {
-      DeviceScope on_device(device);
-      model = build_model(file, cfg.precision);
-    }
-    if (device.kind == Device::cpu) {
-      io::read_checkpoint_params(cfg.checkpoint, master_views(*model));
-      io::read_checkpoint_buffers(cfg.checkpoint, buffer_views(*model));
-    } else {  // read into host copies, then upload
-      HostMirror host(*model, nullptr);
-      io::read_checkpoint_params(cfg.checkpoint, host.params);
-      io::read_checkpoint_buffers(cfg.checkpoint, host.buffers);
-      host.upload();
-    }
-    model->refresh_working_copy(*backend);
+    loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *backend);
+    data = std::make_unique<io::Dataset>(cfg.data);
+    require_data_fits(*loaded.model, data->info(), cfg.checkpoint);
+    if (comm.rank() == 0) names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
   });
+  const io::CheckpointMeta& meta = loaded.meta;
   // Collective (the sums): an error in it ends the job from the rank that saw it.
+  std::vector<double> confusion;
   const EvalResult r = run_or_fail([&] {
-    return evaluate(*model, *data, comm, *backend, cfg.batch_size, meta.input_mean, meta.input_std);
+    return evaluate(*loaded.model, *data, comm, *backend, cfg.batch_size, normalization_of(meta),
+                    &confusion);
   });
   if (comm.rank() == 0) {
     std::printf("eval %s on %s (%lld samples, computed in %s): loss %.4f accuracy %.4f\n",
                 cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
                 dtype_name(cfg.precision), r.loss, r.accuracy);
+    const int64_t c = loaded.model->classes();
+    const std::vector<ClassFigures> figures = per_class(confusion, c, r.samples);
+    print_per_class(figures, confusion, names);
+    std::vector<JsonLine> classes;
+    std::vector<std::vector<int64_t>> matrix(static_cast<size_t>(c),
+                                             std::vector<int64_t>(static_cast<size_t>(c)));
+    for (int64_t k = 0; k < c; ++k) {
+      const ClassFigures& f = figures[size_t(k)];
+      JsonLine& one = classes.emplace_back();
+      one.add("class", k);
+      if (size_t(k) < names.size()) one.add("name", names[size_t(k)]);
+      one.add("samples", f.samples)
+          .add("predicted", f.predicted)
+          .add("accuracy", f.accuracy)
+          .add("precision", f.precision)
+          .add("recall", f.recall);
+      for (int64_t j = 0; j < c; ++j)
+        matrix[size_t(k)][size_t(j)] = int64_t(confusion[size_t(k * c + j)]);
+    }
     MetricsWriter metrics(cfg.metrics);
     metrics.write(JsonLine()
                       .add("type", "eval")
                       .add("step", meta.step)
                       .add("split", cfg.data)
                       .add("loss", r.loss)
-                      .add("accuracy", r.accuracy));
+                      .add("accuracy", r.accuracy)
+                      .add("per_class", classes)
+                      .add("confusion", matrix));
   }
   return 0;
 }
 
+int cmd_predict(const std::vector<std::string>& args, comm::Communicator& comm) {
+  PredictConfig cfg;
+  if (!parse_agreed(parse_predict, args, cfg, comm)) return 0;
+  return run_predict(cfg, comm);
+}
+
+namespace {
+
+// convert npy|images|cifar: every rank opens the source and reads (decodes) its own slice
+// under agree(), so a bad file or record is one agreed message; the statistics and the
+// parallel write are collective.
+int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
+                        comm::Communicator& comm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<io::ConvertSource> src;
+  std::vector<uint8_t> images;
+  std::vector<int64_t> labels;
+  std::vector<double> stats;  // per channel: sums, then sums of squares
+  int64_t lo = 0, hi = 0, channels = 1;
+  agree(comm, [&] {
+    if (comm.rank() == 0) {  // like `mkdir -p`, as convert idx
+      const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      RT_REQUIRE(parent.empty() || std::filesystem::is_directory(parent), "--out '", cfg.out,
+                 "': directory '", parent.string(), "' cannot be created",
+                 ec ? cat(" (", ec.message(), ")") : std::string());
+    }
+    if (format == "npy")
+      src = io::open_npy_source(cfg.images, cfg.labels, cfg.layout);
+    else if (format == "images")
+      src = io::open_image_folder(cfg.root, cfg.height, cfg.width, cfg.grayscale ? 1 : 3);
+    else
+      src = io::open_cifar(cfg.inputs, cfg.cifar100);
+    const io::SourceInfo& info = src->info();
+    const int64_t n = info.num_samples;
+    RT_REQUIRE(cfg.shards <= n, "--shards ", cfg.shards, " is not valid for ", n,
+               " samples; expected 1 to ", n);
+    lo = n * comm.rank() / comm.size();
+    hi = n * (comm.rank() + 1) / comm.size();
+    images.resize(size_t((hi - lo) * src->sample_bytes()));
+    labels.resize(size_t(hi - lo));
+    src->read(lo, hi, images.data(), labels.data());
+    channels = info.sample_shape.size() == 3 ? info.sample_shape[0] : 1;
+    stats.assign(size_t(2 * channels), 0.0);
+    io::add_channel_stats(images.data(), hi - lo, info.sample_shape, info.dtype, stats.data(),
+                          stats.data() + channels);
+  });
+  const io::SourceInfo& info = src->info();
+  std::vector<std::string> files;
+  io::DatasetHeader h;
+  run_or_fail([&] {
+    comm.allreduce(stats.data(), int64_t(stats.size()), DType::f64, comm::ReduceOp::sum);
+    h.num_samples = info.num_samples;
+    h.sample_shape = info.sample_shape;
+    h.dtype = info.dtype;
+    h.has_labels = info.has_labels;
+    h.num_classes = info.num_classes;
+    h.class_names = info.class_names;
+    const double per = double(info.num_samples) * double(shape_numel(info.sample_shape) / channels);
+    const double scale = info.dtype == DType::u8 ? 1.0 / 255.0 : 1.0;  // to [0, 1]
+    double sum = 0, sq = 0;
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      const double s = stats[size_t(ch)] * scale, q = stats[size_t(channels + ch)] * scale * scale;
+      h.mean.push_back(s / per);
+      h.std.push_back(std::sqrt(std::max(0.0, q / per - (s / per) * (s / per))));
+      sum += s;
+      sq += q;
+    }
+    h.mean_all = sum / (per * double(channels));
+    h.std_all = std::sqrt(std::max(0.0, sq / (per * double(channels)) - h.mean_all * h.mean_all));
+    files = io::write_dataset_parallel(comm.mpi(), cfg.out, cfg.shards, h, lo, hi - lo,
+                                       images.data(), labels.data());
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (comm.rank() == 0) {
+    const std::string where = files.size() == 1 ? files[0]
+                                                : cat(files.front(), " ... ", files.back(), " (",
+                                                      files.size(), " shards)");
+    std::string classes = info.has_labels ? cat(info.num_classes, " classes") : "no labels";
+    if (!info.class_names.empty()) classes += " (names stored)";
+    std::printf("wrote %s: %lld samples of %s %s, %s; %d rank(s), %.2f s, %.0f samples/s\n",
+                where.c_str(), static_cast<long long>(info.num_samples),
+                shape_str(info.sample_shape).c_str(), dtype_name(info.dtype), classes.c_str(),
+                comm.size(), secs, double(info.num_samples) / std::max(secs, 1e-9));
+  }
+  return 0;
+}
+
+}  // namespace
+
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) {
+  const char* usage =
+      "usage: ringtrain convert FORMAT [options] --out PATH [--shards N]\n"
+      "  idx     --images F --labels F            MNIST-style IDX files (.gz or plain)\n"
+      "  npy     --images X.npy|X.npz[:KEY] [--labels Y.npy|Y.npz[:KEY]] [--layout nchw|nhwc]\n"
+      "  images  --root DIR [--size H,W]           ImageFolder: DIR/<class>/<image>.png|.jpg\n"
+      "  cifar   --input FILE... [--cifar100]      CIFAR-10/100 binary batches\n"
+      "`ringtrain convert FORMAT --help` lists a format's options.\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    if (comm.rank() == 0) std::cout << usage;
+    return 0;
+  }
   std::vector<std::string> rest = args;
   agree(comm, [&] {
-    RT_REQUIRE(!rest.empty() && rest[0] == "idx",
-               "ringtrain convert: expected a source format: "
-               "`ringtrain convert idx --images F --labels F --out PATH`",
+    RT_REQUIRE(!rest.empty() && (rest[0] == "idx" || rest[0] == "npy" || rest[0] == "images" ||
+                                 rest[0] == "cifar"),
+               "ringtrain convert: expected a source format: idx, npy, images or cifar, e.g. "
+               "`ringtrain convert images --root DIR --out PATH`",
                rest.empty() ? "" : cat(" (got '", rest[0], "')"));
   });
+  const std::string format = rest[0];
   rest.erase(rest.begin());
   ConvertConfig cfg;
+  if (format != "idx") {
+    auto parse = format == "npy"      ? parse_convert_npy
+                 : format == "images" ? parse_convert_images
+                                      : parse_convert_cifar;
+    if (!parse_agreed(parse, rest, cfg, comm)) return 0;
+    return convert_in_parallel(format, cfg, comm);
+  }
   if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
   agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
+    // Like `mkdir -p`: the README's first command writes data/train.h5 in a fresh directory.
     const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
-    RT_REQUIRE(parent.empty() || std::filesystem::is_directory(parent), "--out '", cfg.out,
-               "': directory '", parent.string(), "' does not exist");
+    if (!parent.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(parent, ec);
+      RT_REQUIRE(std::filesystem::is_directory(parent), "--out '", cfg.out, "': directory '",
+                 parent.string(), "' cannot be created",
+                 ec ? cat(" (", ec.message(), ")") : std::string());
+    }
     auto r = io::convert_idx(cfg.images, cfg.labels, cfg.out, cfg.shards);
     const std::string where = r.files.size() == 1 ? r.files[0]
                                                   : cat(r.files.front(), " ... ", r.files.back(),
@@ -164,8 +362,16 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
       checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
                   H5Z_FILTER_FLETCHER32;
     }
-    std::printf("/%s  %s %s%s\n", name, t ? dtype_name(*t) : "?",
-                shape_str(io::dataset_shape(ds)).c_str(), checksum ? "  fletcher32" : "");
+    // Types outside DType, named here: float64 (the per-channel /mean and /std) and
+    // strings (/class_names).
+    std::string type = t ? dtype_name(*t) : "?";
+    if (!t) {
+      io::H5Id ht(H5Dget_type(ds));
+      if (H5Tget_class(ht) == H5T_FLOAT && H5Tget_size(ht) == 8) type = "float64";
+      if (H5Tget_class(ht) == H5T_STRING) type = "string";
+    }
+    std::printf("/%s  %s %s%s\n", name, type.c_str(), shape_str(io::dataset_shape(ds)).c_str(),
+                checksum ? "  fletcher32" : "");
   }
   return 0;
 }
@@ -173,11 +379,23 @@ herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*)
 }  // namespace
 
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) {
+  const char* usage =
+      "usage: ringtrain inspect FILE.h5\n"
+      "  prints what a dataset or checkpoint holds (attributes, datasets, dtypes, shapes);\n"
+      "  for a checkpoint, also whether it is valid (exit 1 when it is not).\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    if (comm.rank() == 0) std::cout << usage;
+    return 0;
+  }
   bool valid = true;
   agree(comm, [&] {
-    RT_REQUIRE(args.size() == 1 && args[0] != "--help" && args[0] != "-h",
-               "usage: ringtrain inspect FILE.h5 (a dataset or a checkpoint)");
+    RT_REQUIRE(args.size() == 1,
+               "ringtrain inspect: expected one file (usage: ringtrain inspect FILE.h5)");
     if (comm.rank() != 0) return;
+    std::error_code ec;  // a FIFO or device would block HDF5's open: refuse it first
+    const auto st = std::filesystem::status(args[0], ec);
+    RT_REQUIRE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
+               "ringtrain inspect: '", args[0], "' is not a regular file; expected an HDF5 file");
     io::H5Id f = io::open_file_readonly(args[0], "file");
     auto format = io::read_attr_string(f, "format");
     std::printf("%s: %s, %llu bytes\n", args[0].c_str(),

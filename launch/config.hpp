@@ -1,5 +1,6 @@
 // The settings of each subcommand, filled from the command line and the --config INI file
-// by options.cpp (the option names are the CLI contract of design.md).
+// by options.cpp (the option names are the CLI contract of design.md). The initialisers
+// below are the defaults: the option table reads them, and --help prints them.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "core/dtype.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/optimizer.hpp"
+#include "core/schedule.hpp"
 
 namespace ringtrain::launch {
 
@@ -30,12 +32,21 @@ struct TrainConfig {
   bool batch_size_given = false;                  // --batch-size was explicit
   int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing
   OptimizerConfig optimizer;
+  ScheduleConfig schedule;  // --lr-schedule and its warm-up and decay
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  bool grad_accum_given = false;
+  bool decay_all = false;  // weight decay on every parameter (no decay groups)
+  float label_smoothing = 0.f;
   float grad_clip = 0.f;  // 0: off
   LossScalerConfig loss_scale;
+  std::string augment;  // "crop:PAD,flip" (either part alone); "" for none
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
+  int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
+  std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
+  int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)
   std::string resume = "auto";  // auto | never | FILE
   bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
@@ -60,6 +71,9 @@ struct TrainConfig {
   std::string progress = "auto";  // auto | bar | lines
   std::string timeline;           // Chrome-trace file (written by rank 0)
   std::string timeline_steps = "1:10";
+  // The options as --print-config prints them (key = value lines), for the metrics' start
+  // record and TensorBoard; filled by parse_train.
+  std::string config_ini;
 };
 
 struct EvalConfig {
@@ -82,8 +96,26 @@ struct ModelShowConfig {
 };
 
 struct ConvertConfig {
-  std::string images, labels, out;
+  std::string images, labels, out;  // idx, npy (labels optional for npy)
   int shards = 1;
+  std::string layout = "nchw";      // npy: nchw | nhwc
+  std::string root;                 // images: ROOT/<class>/<image>
+  std::string size;                 // images: "H,W" (empty: every image has the first's size)
+  int64_t height = 0, width = 0;    // parsed from size
+  bool grayscale = false;           // images: 1 channel instead of RGB
+  std::vector<std::string> inputs;  // cifar: batch files, in order
+  bool cifar100 = false;
+};
+
+struct PredictConfig {
+  std::string checkpoint, data, out;
+  int64_t top_k = 5;           // at most the model's classes
+  bool probabilities = false;  // softmax instead of logits
+  int64_t batch_size = 256;
+  DType precision = DType::f32;
+  int threads = 0;
+  std::string device = "cpu";
+  std::string gpu_memory = "grow";
 };
 
 }  // namespace ringtrain::launch

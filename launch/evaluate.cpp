@@ -7,9 +7,34 @@
 #include "core/fault_injection.hpp"
 
 namespace ringtrain::launch {
+namespace {
+
+// Counts (label, arg-max) pairs of b rows of logits into confusion (classes x classes); the
+// arg-max is the first largest logit, as softmax_xent's `correct` counts it.
+void add_confusion(const Tensor& logits, const int32_t* labels, int64_t b,
+                   std::vector<double>& confusion, std::vector<float>& host) {
+  const int64_t c = logits.dim(1);
+  host.resize(size_t(b * c));
+  copy_bytes(host.data(), Device{}, logits.data, logits.device, host.size() * sizeof(float));
+  for (int64_t r = 0; r < b; ++r) {
+    const float* x = host.data() + r * c;
+    int64_t arg = 0;
+    for (int64_t j = 1; j < c; ++j)
+      if (x[j] > x[arg]) arg = j;
+    confusion[size_t(labels[r] * c + arg)] += 1;
+  }
+}
+
+}  // namespace
+
+io::Normalization normalization_of(const io::CheckpointMeta& m) {
+  if (!m.input_channel_mean.empty()) return {m.input_channel_mean, m.input_channel_std};
+  return {{m.input_mean}, {m.input_std}};
+}
 
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
-                    kernels::Backend& backend, int64_t batch, double mean, double std) {
+                    kernels::Backend& backend, int64_t batch, const io::Normalization& norm,
+                    std::vector<double>* confusion) {
   const int64_t n = data.info().num_samples;
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
   Context ctx{backend, model.compute_dtype(), /*training=*/false};
@@ -22,6 +47,11 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
   OwnedTensor x, xc, y, xd, yd;
   std::vector<int64_t> idx;
   double sums[2] = {0, 0};  // loss sum, correct
+  std::vector<float> host_logits;
+  if (confusion) {
+    const size_t c = size_t(model.classes());
+    confusion->assign(c * c, 0.0);
+  }
   for (int64_t start = lo; start < hi; start += batch) {
     maybe_inject_fault("eval");
     const int64_t b = std::min(batch, hi - start);
@@ -30,7 +60,7 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
     for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
     Tensor* xf = &x.ensure(xs, DType::f32, Device{});
     Tensor* yt = &y.ensure({b}, DType::i32, Device{});
-    data.read(idx.data(), b, xf->as<float>(), yt->as<int32_t>(), mean, std);
+    data.read(idx.data(), b, xf->as<float>(), yt->as<int32_t>(), norm);
     if (dev.kind != Device::cpu) {
       Tensor& xu = xd.ensure(xs, DType::f32, dev);
       Tensor& yu = yd.ensure({b}, DType::i32, dev);
@@ -48,8 +78,11 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
     auto r = backend.softmax_xent(logits, *yt, 1.f, nullptr);
     sums[0] += r.loss_sum;
     sums[1] += double(r.correct);
+    if (confusion) add_confusion(logits, y.view.as<int32_t>(), b, *confusion, host_logits);
   }
   comm.allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  if (confusion)
+    comm.allreduce(confusion->data(), int64_t(confusion->size()), DType::f64, comm::ReduceOp::sum);
   return {sums[0] / double(n), sums[1] / double(n), n};
 }
 

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "nn/model.hpp"
+#include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 
 namespace ringtrain::launch {
@@ -15,7 +17,14 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
+// Plain cross-entropy (no label smoothing), whatever the training loss was. With
+// `confusion` (classes x classes, row = label, column = the arg-max class), it is also
+// filled with the counts of every (label, prediction) pair, summed over the ranks.
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
-                    kernels::Backend& backend, int64_t batch, double mean, double std);
+                    kernels::Backend& backend, int64_t batch, const io::Normalization& norm,
+                    std::vector<double>* confusion = nullptr);
+
+// The input normalisation a checkpoint's model trained with (per channel when it has one).
+io::Normalization normalization_of(const io::CheckpointMeta& m);
 
 }  // namespace ringtrain::launch

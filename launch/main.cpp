@@ -21,8 +21,11 @@ namespace {
 const char* kUsage =
     "usage: ringtrain <command> [options]\n"
     "  train   [--config FILE.ini] [options]   train (one process = one rank)\n"
-    "  eval    --checkpoint FILE --data PATH   loss and accuracy of a checkpoint\n"
-    "  convert idx --images F --labels F --out PATH\n"
+    "  eval    --checkpoint FILE --data PATH   loss, accuracy and per-class figures\n"
+    "  predict --checkpoint FILE --data PATH --out P.h5|P.npy\n"
+    "                                          scores and top-k classes of every sample\n"
+    "  convert idx|npy|images|cifar ... --out PATH\n"
+    "                                          data to a ringtrain dataset\n"
     "  inspect FILE.h5                         what a dataset or checkpoint holds\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";
@@ -63,12 +66,13 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return cmd_train(args, world);
     if (command == "eval") return cmd_eval(args, world);
+    if (command == "predict") return cmd_predict(args, world);
     if (command == "convert") return cmd_convert(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     agree(world, [&] {
       throw_input(cat("unknown command '", command,
-                      "'; expected train, eval, convert, inspect, model "
+                      "'; expected train, eval, predict, convert, inspect, model "
                       "or --version"));
     });
   } catch (const JobExit& e) {

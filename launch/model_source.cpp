@@ -1,10 +1,12 @@
-// The model of a run or of a checkpoint, and the plugins that add ops.
+// The model of a run or of a checkpoint, and the plugins that add ops (model_source.hpp).
 #include "launch/model_source.hpp"
 
 #include <dlfcn.h>
 
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
+#include "launch/device.hpp"
+#include "launch/trainer.hpp"
 #include "nn/legacy_model_json.hpp"
 
 namespace ringtrain::launch {
@@ -48,6 +50,38 @@ void require_same_model(const ModelFile& run, const ModelFile& checkpoint,
              run.origin(), "): ", diff,
              "; use the same --model and options, another --checkpoint-dir, or --resume never "
              "--overwrite");
+}
+
+LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType precision,
+                                       Device device, kernels::Backend& backend) {
+  LoadedModel out;
+  out.meta = io::read_checkpoint_meta(checkpoint);
+  const ModelFile file = model_from_checkpoint(out.meta, checkpoint);
+  {
+    DeviceScope on_device(device);
+    out.model = build_model(file, precision);
+  }
+  if (device.kind == Device::cpu) {
+    io::read_checkpoint_params(checkpoint, master_views(*out.model));
+    io::read_checkpoint_buffers(checkpoint, buffer_views(*out.model));
+  } else {  // read into host copies, then upload
+    HostMirror host(*out.model, nullptr);
+    io::read_checkpoint_params(checkpoint, host.params);
+    io::read_checkpoint_buffers(checkpoint, host.buffers);
+    host.upload();
+  }
+  out.model->refresh_working_copy(backend);
+  return out;
+}
+
+void require_data_fits(const Model& model, const io::DatasetInfo& data,
+                       const std::string& checkpoint) {
+  RT_REQUIRE(model.input_shape() == data.sample_shape, "--data '", data.path,
+             "' has samples of shape ", shape_str(data.sample_shape), " but checkpoint '",
+             checkpoint, "' holds a model for ", shape_str(model.input_shape()));
+  RT_REQUIRE(data.num_classes <= model.classes(), "--data '", data.path, "' has ",
+             data.num_classes, " classes but the model of checkpoint '", checkpoint,
+             "' predicts ", model.classes());
 }
 
 }  // namespace ringtrain::launch

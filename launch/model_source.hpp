@@ -1,20 +1,21 @@
 // Where a run's network comes from: the model file or built-in name of `train` (with the
 // command line's var overrides and the data's shape), or the model text a checkpoint holds
-// (for eval, resume, and the commands that rebuild a trained network). Plugins are loaded
-// here too, before any model is read.
+// (for eval, resume, predict and the other commands that rebuild a trained network, built
+// and filled with the checkpoint's parameters and buffers). Plugins are loaded here too,
+// before any model is read.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.hpp"
+#include "io/dataset.hpp"
+#include "kernels/kernels.hpp"
 #include "launch/config.hpp"
 #include "nn/graph_builder.hpp"
+#include "nn/model.hpp"
 #include "nn/model_file.hpp"
-
-namespace ringtrain::io {
-struct CheckpointMeta;
-}
 
 namespace ringtrain::launch {
 
@@ -36,5 +37,21 @@ ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::strin
 // Input error unless the checkpoint's model builds the same network as this run's,
 // naming the first node that differs and what to do.
 void require_same_model(const ModelFile& run, const ModelFile& checkpoint, const std::string& path);
+
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  io::CheckpointMeta meta;  // step, input_mean/input_std, ...
+};
+
+// Reads `checkpoint`'s metadata, builds its model in `precision` on `device` and loads the
+// parameters and buffers (through host copies on a GPU); the working copy is refreshed.
+// Input errors name the checkpoint. No collectives (runs under agree()).
+LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType precision,
+                                       Device device, kernels::Backend& backend);
+
+// Input error naming both files unless `data`'s samples have the model's input shape and
+// its classes (when known) are at most the model's outputs.
+void require_data_fits(const Model& model, const io::DatasetInfo& data,
+                       const std::string& checkpoint);
 
 }  // namespace ringtrain::launch

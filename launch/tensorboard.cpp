@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -132,10 +134,17 @@ void EventWriter::write_event(const std::string& event) {
   const uint64_t n = event.size();
   std::memcpy(len, &n, 8);  // little-endian on every platform ringtrain builds for
   const uint32_t lc = masked(crc32c(len, 8)), dc = masked(crc32c(event.data(), event.size()));
-  std::fwrite(len, 1, 8, file_);
-  std::fwrite(&lc, 4, 1, file_);
-  std::fwrite(event.data(), 1, event.size(), file_);
-  std::fwrite(&dc, 4, 1, file_);
+  const bool ok = std::fwrite(len, 1, 8, file_) == 8 && std::fwrite(&lc, 4, 1, file_) == 1 &&
+                  std::fwrite(event.data(), 1, event.size(), file_) == event.size() &&
+                  std::fwrite(&dc, 4, 1, file_) == 1;
+  if (!ok) fail("writing");
+  flush();  // one record at a time: a crash or a full disk never leaves a silent gap
+}
+
+void EventWriter::fail(const char* doing) {
+  const int err = errno;
+  throw_runtime(__FILE__, __LINE__,
+                cat(doing, " --tensorboard file '", path_, "' failed: ", std::strerror(err)));
 }
 
 void EventWriter::scalar(const std::string& tag, int64_t step, double value) {
@@ -182,6 +191,55 @@ void EventWriter::histogram(const std::string& tag, int64_t step, const float* v
   write_event(event_with_value(step, v));
 }
 
-void EventWriter::flush() { std::fflush(file_); }
+// SummaryMetadata { plugin_data = 1 { plugin_name = 1; content = 2 } }.
+std::string plugin_metadata(const std::string& plugin, const std::string& content) {
+  std::string pd, md;
+  bytes_field(pd, 1, plugin);
+  if (!content.empty()) bytes_field(pd, 2, content);
+  bytes_field(md, 1, pd);
+  return md;
+}
+
+void EventWriter::text(const std::string& tag, int64_t step, const std::string& markdown) {
+  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2 (scalar: empty); string_val = 8 }
+  std::string tensor;
+  int_field(tensor, 1, 7);
+  bytes_field(tensor, 2, "");
+  bytes_field(tensor, 8, markdown);
+  std::string v;  // Summary.Value { tag = 1; tensor = 8; metadata = 9 }
+  bytes_field(v, 1, tag);
+  bytes_field(v, 8, tensor);
+  bytes_field(v, 9, plugin_metadata("text", ""));
+  write_event(event_with_value(step, v));
+}
+
+void EventWriter::hparams(const std::vector<std::pair<std::string, std::string>>& values) {
+  // HParamsPluginData { version = 1 (0); session_start_info = 3 { hparams = 1: map<string,
+  // google.protobuf.Value { number_value = 2 | string_value = 3 }> } }
+  std::string start;
+  for (const auto& [name, text] : values) {
+    std::string value, entry;
+    char* end = nullptr;
+    const double d = std::strtod(text.c_str(), &end);
+    if (!text.empty() && end && *end == '\0' && std::isfinite(d))
+      double_field(value, 2, d);
+    else
+      bytes_field(value, 3, text);
+    bytes_field(entry, 1, name);
+    bytes_field(entry, 2, value);
+    bytes_field(start, 1, entry);
+  }
+  std::string data;
+  int_field(data, 1, 0);
+  bytes_field(data, 3, start);
+  std::string v;  // a Value with only tag and metadata, as TensorBoard's hparams API writes
+  bytes_field(v, 1, "_hparams_/session_start_info");
+  bytes_field(v, 9, plugin_metadata("hparams", data));
+  write_event(event_with_value(0, v));
+}
+
+void EventWriter::flush() {
+  if (std::fflush(file_) != 0 || std::ferror(file_)) fail("writing");
+}
 
 }  // namespace ringtrain::launch

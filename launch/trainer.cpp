@@ -126,10 +126,7 @@ void Trainer::setup() {
                "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
                shape_str(info.sample_shape));
   }
-  if (info.has_norm) {
-    mean_ = info.mean;
-    std_ = info.std;
-  }
+  norm_ = io::normalization_of(info);
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
@@ -143,6 +140,7 @@ void Trainer::setup() {
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
   optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
+  set_decay_groups();
   LossScalerConfig ls = cfg_.loss_scale;
   if (cfg_.precision == DType::f32 && ls.dynamic) {
     // No scaling in fp32: a constant scale of 1 (non-finite steps are still skipped).
@@ -161,8 +159,7 @@ void Trainer::setup() {
   progress_bar_ = cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
                                              !std::getenv("OMPI_COMM_WORLD_SIZE"));
   if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
-    std::ofstream probe(cfg_.timeline);  // fail now, not after training
-    RT_REQUIRE(probe, "--timeline '", cfg_.timeline, "' cannot be created");
+    check_timeline_path(cfg_.timeline);  // fail now, not after training
   }
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
@@ -173,6 +170,13 @@ void Trainer::setup() {
                                          : Tensor(grad32_storage_.data(), {model_->num_params()},
                                                   DType::f32, grad32_storage_.device());
   if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+}
+
+void Trainer::set_decay_groups() {
+  std::vector<DecayRange> ranges;
+  for (const auto& p : model_->params())
+    ranges.push_back({p.offset, p.master.numel(), cfg_.decay_all || p.decay});
+  optimizer_->set_decay_ranges(std::move(ranges));
 }
 
 void Trainer::make_reducer() {
@@ -223,6 +227,79 @@ void Trainer::make_reducer() {
   });
 }
 
+// Micro-batch `micro` of this rank's slice: rows [micro * b, (micro + 1) * b).
+static Tensor micro_rows(const Tensor& t, int64_t micro, int64_t b) {
+  Shape s = t.shape;
+  s[0] = b;
+  return t.slice(micro * b * (t.numel() / t.shape[0]), s);
+}
+
+kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t micro, float scale,
+                                              int64_t step) {
+  const bool last = micro + 1 == grad_accum_;
+  const auto t0 = Clock::now();
+  // Dropout's stream is that of the micro-batch's place in the global batch, so it does not
+  // change when ranks and micro-batches trade places (4 ranks x 1 = 2 ranks x 2).
+  const uint64_t slots = uint64_t(comm_.size()) * uint64_t(grad_accum_);
+  const uint64_t slot = uint64_t(comm_.rank()) * uint64_t(grad_accum_) + uint64_t(micro);
+  Context ctx{*backend_, cfg_.precision, true,
+              mix_seed(mix_seed(cfg_.seed, hash_name("dropout")), uint64_t(step) * slots + slot)};
+  const Tensor xb = micro_rows(batch.x, micro, micro_batch_);
+  const Tensor yb = micro_rows(batch.y, micro, micro_batch_);
+  const Tensor* x = &xb;
+  if (cfg_.precision != DType::f32) {
+    backend_->cast(xb, xc_.ensure(xb.shape, cfg_.precision));
+    x = &xc_.view;
+  }
+  const Tensor& logits =
+      model_->forward(ctx, *x, [&](size_t l, const Tensor& y) { numerics_->after_forward(l, y); });
+  maybe_inject_fault("forward", step);
+  Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
+  auto xent = backend_->softmax_xent(logits, yb, scale, &dlogits, cfg_.label_smoothing);
+  last_mark_ = Clock::now();
+  if (tracing_) timeline_.span("forward + loss", "forward", 0, t0, last_mark_, step);
+  if (!last) {  // no communication before the last micro-batch (DDP's no_sync)
+    model_->backward(ctx, dlogits);
+    accumulate_micro_grads(micro);
+    return xent;
+  }
+  reducer_->start_step(step);
+  model_->backward(ctx, dlogits, [&](size_t p) {
+    add_accumulated(p);
+    reducer_->mark_ready(p);
+  });
+  return xent;
+}
+
+void Trainer::accumulate_micro_grads(int64_t micro) {
+  if (micro == 0)
+    backend_->cast(model_->grad(), acc32_);
+  else
+    backend_->add(acc32_, model_->grad(), acc32_);
+}
+
+void Trainer::add_accumulated(size_t param) {
+  if (grad_accum_ == 1) return;
+  const Param& p = model_->params()[param];
+  // Summed in fp32, rounded once to the compute dtype for the allreduce.
+  backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
+}
+
+void Trainer::apply_update(int64_t step) {
+  if (cfg_.grad_clip > 0.f) {
+    const double norm = std::sqrt(backend_->sum_squares(grad32_));
+    if (norm > cfg_.grad_clip) backend_->scale(grad32_, float(cfg_.grad_clip / (norm + 1e-6)));
+  }
+  Tensor work = model_->work();
+  const auto t_opt = Clock::now();
+  maybe_inject_fault("optimizer", step);
+  // The schedule's position is the steps before this one; lr_ is the fp32 value applied.
+  lr_ = double(float(schedule_->lr(step - 1)));
+  optimizer_->step(*backend_, model_->master(), grad32_,
+                   cfg_.precision == DType::f32 ? nullptr : &work, float(lr_));
+  if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
+}
+
 Trainer::StepOutcome Trainer::step_once() {
   if (cfg_.test_stall_rank == comm_.rank() && cfg_.test_stall_step == step_ + 1) {
     // Test-only: hold this rank back so the others' stall detection fires.
@@ -236,25 +313,14 @@ Trainer::StepOutcome Trainer::step_once() {
   DeviceScope on_device(device_);  // activations and scratch (after the loader's host batch)
   if (tracing_) timeline_.span("data wait", "data", 0, t_start, t_data, step);
   epoch_ = batch.epoch;
-  Context ctx{*backend_, cfg_.precision, true,
-              mix_seed(mix_seed(cfg_.seed, hash_name("dropout")),
-                       uint64_t(step) * uint64_t(comm_.size()) + uint64_t(comm_.rank()))};
-  const Tensor* x = &batch.x;
-  if (cfg_.precision != DType::f32) {
-    backend_->cast(batch.x, xc_.ensure(batch.x.shape, cfg_.precision));
-    x = &xc_.view;
-  }
-  numerics_->begin_step(step_ + 1);
-  const Tensor& logits =
-      model_->forward(ctx, *x, [&](size_t l, const Tensor& y) { numerics_->after_forward(l, y); });
-  maybe_inject_fault("forward", step);
-  Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
+  numerics_->begin_step(step);
   const float scale = scaler_->scale();
-  auto xent = backend_->softmax_xent(logits, batch.y, scale, &dlogits);
-  last_mark_ = Clock::now();
-  if (tracing_) timeline_.span("forward + loss", "forward", 0, t_data, last_mark_, step);
-  reducer_->start_step(step_ + 1);
-  model_->backward(ctx, dlogits, [&](size_t p) { reducer_->mark_ready(p); });
+  kernels::XentResult xent;
+  for (int64_t micro = 0; micro < grad_accum_; ++micro) {
+    const auto r = forward_backward(batch, micro, scale, step);
+    xent.loss_sum += r.loss_sum;
+    xent.correct += r.correct;
+  }
   const auto t_backward = Clock::now();
   // Whatever of the bucketed allreduce is still in flight: the exposed communication.
   const double exposed = reducer_->finish();
@@ -266,8 +332,8 @@ Trainer::StepOutcome Trainer::step_once() {
   }
 
   // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass.
-  const bool nonfinite =
-      backend_->unscale_check(reducer_->result(), 1.f / (scale * float(comm_.size())), grad32_);
+  const bool nonfinite = backend_->unscale_check(
+      reducer_->result(), 1.f / (scale * float(comm_.size()) * float(grad_accum_)), grad32_);
   if (tracing_) timeline_.span("unscale/check", "optimizer", 0, t_reduced, Clock::now(), step);
 
   // One small allreduce agrees on the metrics and on stopping/saving.
@@ -294,16 +360,7 @@ Trainer::StepOutcome Trainer::step_once() {
   const bool apply = scaler_->update(nonfinite || !where.empty());  // same on all ranks
   if (!apply) numerics_->charge_overflow(reducer_->result());
   if (apply) {
-    if (cfg_.grad_clip > 0.f) {
-      const double norm = std::sqrt(backend_->sum_squares(grad32_));
-      if (norm > cfg_.grad_clip) backend_->scale(grad32_, float(cfg_.grad_clip / (norm + 1e-6)));
-    }
-    Tensor work = model_->work();
-    const auto t_opt = Clock::now();
-    maybe_inject_fault("optimizer", step);
-    optimizer_->step(*backend_, model_->master(), grad32_,
-                     cfg_.precision == DType::f32 ? nullptr : &work, cfg_.optimizer.lr);
-    if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
+    apply_update(step);
   } else {
     metrics_.write(JsonLine()
                        .add("type", "skip")
@@ -360,8 +417,15 @@ void Trainer::save_checkpoint() {
     m.optimizer = optimizer_->name();
     m.optimizer_step = optimizer_->steps();
     m.seed = int64_t(cfg_.seed);
-    m.input_mean = mean_;
-    m.input_std = std_;
+    const auto& info = data_->info();
+    m.input_mean = info.has_norm ? info.mean : 0.0;
+    m.input_std = info.has_norm ? info.std : 1.0;
+    m.input_channel_mean = info.channel_mean;
+    m.input_channel_std = info.channel_std;
+    m.grad_accum = grad_accum_;
+    m.best_value = best_value_;
+    m.best_step = best_step_;
+    m.evals_since_best = evals_since_best_;
     sync_buffers();
     if (host_) host_->download();  // cuda: the store writes host memory
     const uint64_t bytes =
@@ -383,12 +447,13 @@ void Trainer::save_checkpoint() {
     timeline_.span("checkpoint", "checkpoint", 0, t_ckpt, last_save_time_, step_);
 }
 
-void Trainer::run_eval() {
-  if (!val_) return;
+bool Trainer::run_eval() {
+  if (!val_) return false;
+  last_eval_step_ = step_;
   sync_buffers();
   // Collective (its sums): an error in it ends the job from the rank that saw it.
-  const EvalResult r = evaluate(*model_, *val_, comm_, *backend_,
-                                std::max<int64_t>(256, loader_->local_batch()), mean_, std_);
+  const EvalResult r =
+      evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, micro_batch_), norm_);
   char line[200];
   std::snprintf(line, sizeof line,
                 "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
@@ -405,7 +470,10 @@ void Trainer::run_eval() {
                      .add("step", step_)
                      .add("split", "val")
                      .add("loss", r.loss)
-                     .add("accuracy", r.accuracy));
+                     .add("accuracy", r.accuracy)
+                     .add("precision", dtype_name(model_->compute_dtype())));
+  track_best(r.loss, r.accuracy);
+  return true;
 }
 
 int Trainer::run() {
@@ -414,9 +482,11 @@ int Trainer::run() {
           " node(s), device ", device_str(device_), ", ", backend_->threads(),
           " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
           dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
-          ", global batch ", global_batch_, " (", loader_->local_batch(), "/rank), comm ",
+          ", global batch ", global_batch_, " (", micro_batch_, "/rank",
+          grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
-          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : ""));
+          reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
+          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string()));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
           model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
@@ -424,6 +494,8 @@ int Trainer::run() {
           " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);
+  write_start_record();
+  write_tensorboard_config();
   last_save_time_ = Clock::now();
   auto window_start = Clock::now();
   int64_t window_steps = 0;
@@ -461,15 +533,15 @@ int Trainer::run() {
                     "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s "
                     "ETA %s",
                     static_cast<long long>(step_), static_cast<long long>(total_steps_),
-                    static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()),
-                    double(cfg_.optimizer.lr), sps, duration_str(eta).c_str());
+                    static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()), lr_, sps,
+                    duration_str(eta).c_str());
       progress(line, double(step_) / double(std::max<int64_t>(total_steps_, 1)));
       maybe_inject_fault("metrics", step_);
       if (tensorboard_) {
         const double n = double(window_steps);
         for (auto [tag, v] : {std::pair<const char*, double>{"train/loss", loss},
                               {"train/accuracy", acc},
-                              {"train/learning_rate", cfg_.optimizer.lr},
+                              {"train/learning_rate", lr_},
                               {"train/loss_scale", scaler_->scale()},
                               {"train/samples_per_sec", sps},
                               {"time/step_s", times.step_s / n},
@@ -484,8 +556,9 @@ int Trainer::run() {
                          .add("step", step_)
                          .add("epoch", epoch_)
                          .add("loss", loss)
+                         .add("accuracy", acc)
                          .add("loss_scale", double(scaler_->scale()))
-                         .add("lr", double(cfg_.optimizer.lr))
+                         .add("lr", lr_)
                          .add("samples_per_sec", sps)
                          .add("world_size", comm_.size())
                          .add("step_s", times.step_s / double(window_steps))
@@ -516,17 +589,26 @@ int Trainer::run() {
           stop_ranks_ == comm_.size())
         say("(mpirun forwards Ctrl-C and SIGTERM to every rank as SIGTERM, and itself exits 1 "
             "after Ctrl-C; `kill -USR1 <mpirun pid>` stops the job with exit 75)");
+      write_stop_record("signal", 75);
       return 75;
     }
+    // Evaluation first: a checkpoint of this step then carries its verdict (best, patience).
     const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
+    if (step_ < total_steps_) eval_if_due(epoch_done);
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || out.save_due)
       save_checkpoint();
-    if (epoch_done && step_ < total_steps_) run_eval();
+    if (stop_early_) break;
   }
+  const bool stopped_early = stop_early_;  // not the final evaluation's verdict
+  if (last_eval_step_ != step_) run_eval();
   save_checkpoint();
-  run_eval();
+  if (stopped_early)
+    say(cat(
+        "early stop at step ", step_, ": ", cfg_.early_stop, " evaluations without improvement of ",
+        cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best, " (best at step ", best_step_, ")"));
   finish_timeline();
   if (bar_active_) std::cout << std::endl;  // end the progress bar's line
+  write_stop_record(stopped_early ? "early_stop" : "finished", 0);
   return 0;
 }
 

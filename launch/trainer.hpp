@@ -9,6 +9,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
+#include "core/schedule.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
@@ -56,15 +57,39 @@ class Trainer {
   Model& model() { return *model_; }
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
+  int64_t grad_accum() const { return grad_accum_; }
+  double lr() const { return lr_; }  // of the last step taken
 
  private:
   void setup();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
-  void make_loader(int64_t global_batch);
+  // The loader of global batch G in micro-batches of G / (ranks x grad_accum) per rank, and
+  // the schedule over the run's steps.
+  void make_loader(int64_t global_batch, int64_t grad_accum);
+  // Micro-batches per step on resume: --grad-accum as given, else what keeps the micro-batch
+  // (--batch-size, or the checkpoint's) with the checkpoint's global batch on this many ranks.
+  int64_t resume_grad_accum(const io::CheckpointMeta& m, int64_t global_batch) const;
+  void set_decay_groups();  // the optimizer's decay ranges from Param::decay (--decay-all: all)
+
+  // Parts of a step (trainer.cpp). One micro-batch's forward, loss and backward; the last
+  // one of a step hands its gradients to the reducer as they are ready.
+  kernels::XentResult forward_backward(const io::Batch& batch, int64_t micro, float scale,
+                                       int64_t step);
+  void accumulate_micro_grads(int64_t micro);  // micro-batches before the last: into acc32_
+  void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
+  void apply_update(int64_t step);             // clip, then the optimizer at the schedule's lr
+
+  // The recipe's loop parts (trainer_recipe.cpp).
+  void eval_if_due(bool epoch_done);              // --eval-every and epoch ends (not twice a step)
+  void track_best(double loss, double accuracy);  // --keep-best and --early-stop
+  void save_best(const std::string& metric, double value);
+  void write_start_record();
+  void write_stop_record(const char* reason, int code);
+  void write_tensorboard_config();  // hparams and the config as text
   void make_reducer();
   void save_checkpoint();
-  void run_eval();
+  bool run_eval();      // false without --val-data
   void sync_buffers();  // rank 0's non-trainable state (BatchNorm running averages) to all
   void say(const std::string& line);                        // rank 0, stdout, a line of its own
   void warn(const char* kind, const std::string& message);  // rank 0, stderr
@@ -102,9 +127,19 @@ class Trainer {
   Buffer grad32_storage_;
   Tensor grad32_;
   OwnedTensor xc_, dlogits_;
+  Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
+  Tensor acc32_;
+  std::unique_ptr<LrSchedule> schedule_;
+  double lr_ = 0;
   int64_t global_batch_ = 0, total_steps_ = 0, step_ = 0, samples_seen_ = 0;
-  int64_t last_saved_step_ = -1, epoch_ = 0;
-  double mean_ = 0, std_ = 1;
+  int64_t grad_accum_ = 1, micro_batch_ = 0;
+  int64_t last_saved_step_ = -1, epoch_ = 0, last_eval_step_ = -1;
+  double best_value_ = 0;  // --keep-best/--early-stop (the checkpoint carries them)
+  int64_t best_step_ = -1, evals_since_best_ = 0;
+  bool stop_early_ = false;
+  io::Normalization norm_;
+  JsonLine resume_line_;  // start_from(): the resume record, written when the run starts
+  bool resumed_ = false;
   int stop_signal_ = 0, stop_rank_ = 0, stop_ranks_ = 0;  // agreed when a rank got a signal
   std::string resumed_from_;  // what start_state() resumed from, for the first lines
   std::chrono::steady_clock::time_point last_save_time_;

@@ -1,7 +1,9 @@
-// Where a run starts: the checkpoint to resume (rank 0 chooses, see choose_checkpoint) and
-// restoring from it, or a fresh start (init on rank 0, broadcast). Also fixes the global
-// batch: a resumed run continues the checkpoint's global batch sequence unless
-// --global-batch-size says otherwise.
+// Where a run starts: the checkpoint to resume (rank 0 locks the checkpoint directory and
+// chooses, see choose_checkpoint) and restoring from it, or a fresh start (init on rank 0,
+// broadcast); a directory holding only damaged checkpoints is an error, not a fresh start. Also
+// fixes the global batch: a resumed run continues the checkpoint's global batch sequence unless
+// --global-batch-size says otherwise, on fewer ranks by more micro-batches per step
+// (--grad-accum), so that each rank's micro-batch, and its memory, stays as it was.
 #include <filesystem>
 #include <iostream>
 
@@ -13,6 +15,12 @@ namespace fs = std::filesystem;
 namespace ringtrain::launch {
 
 std::string Trainer::choose_checkpoint() {
+  // First of all: this job owns the directory (a second job there is an input error naming
+  // the holder), so nothing below deletes or renames another job's files.
+  if (store_) {
+    const std::string warning = store_->lock();
+    if (!warning.empty()) std::cerr << cat("ringtrain: warning: ", warning, "\n") << std::flush;
+  }
   if (cfg_.resume == "never") {
     if (!store_) return "";
     const auto existing = store_->list();
@@ -21,7 +29,17 @@ std::string Trainer::choose_checkpoint() {
                       existing.size(), " checkpoint(s) (newest ", existing.back(),
                       "); --resume never would mix two runs there. Use --resume auto to "
                       "continue them, another --checkpoint-dir, or --overwrite to delete them"));
-    for (const auto& f : existing) fs::remove(f);
+    // Starting over: the best checkpoint of the run replaced goes, and with --overwrite the
+    // checkpoints and the damaged ones renamed aside by --resume auto.
+    std::vector<std::string> remove{(fs::path(cfg_.checkpoint_dir) / "best.h5").string()};
+    if (cfg_.overwrite)
+      for (const auto& list : {existing, store_->list_invalid()})
+        remove.insert(remove.end(), list.begin(), list.end());
+    for (const auto& f : remove) {
+      std::error_code ec;  // a file that is not there is no error for fs::remove
+      fs::remove(f, ec);
+      RT_REQUIRE(!ec, "--resume never: cannot delete '", f, "': ", ec.message());
+    }
     return "";
   }
   if (cfg_.resume != "auto") {
@@ -58,24 +76,65 @@ std::string Trainer::choose_checkpoint() {
               << std::flush;
   }
   if (latest) return *latest;
+  // Damaged checkpoints and no good one (now, or renamed aside by an earlier attempt): a
+  // fresh start would redo the run's work unnoticed, so it must be asked for.
+  auto damaged = store_->list_invalid();
+  for (const auto& [file, why] : skipped)
+    if (std::error_code ec; fs::exists(file, ec)) damaged.push_back(file);  // rename failed
+  if (!damaged.empty()) {
+    std::string names;
+    for (const auto& f : damaged) {
+      if (!names.empty()) names += ", ";
+      names += f;
+    }
+    throw_input(cat("--resume auto: --checkpoint-dir '", cfg_.checkpoint_dir,
+                    "' holds no valid checkpoint, only damaged ones (", names,
+                    "); to start over from step 0 use --resume never --overwrite (it deletes "
+                    "them), or give --resume FILE"));
+  }
   return "";
 }
 
-void Trainer::make_loader(int64_t global_batch) {
+void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   global_batch_ = global_batch;
-  RT_REQUIRE(global_batch_ % comm_.size() == 0, "the global batch ", global_batch_,
-             " does not divide by ", comm_.size(),
-             " ranks; use --global-batch-size with a multiple of ", comm_.size());
-  loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(),
-                                         comm_.size(), mean_, std_, cfg_.prefetch);
+  grad_accum_ = grad_accum;
+  RT_REQUIRE(global_batch_ % (comm_.size() * grad_accum_) == 0, "the global batch ", global_batch_,
+             " does not divide by ", comm_.size(), " ranks x --grad-accum ", grad_accum_,
+             "; use --global-batch-size with a multiple of ", comm_.size() * grad_accum_,
+             " or another --grad-accum");
+  micro_batch_ = global_batch_ / (comm_.size() * grad_accum_);
+  // The loader hands out this rank's whole slice of the global batch; the step cuts it into
+  // grad_accum micro-batches, so the samples of a step do not depend on ranks or K.
+  loader_ =
+      std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
+                                   norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
+  schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
+  lr_ = double(float(schedule_->lr(0)));
+  if (grad_accum_ > 1) {
+    DeviceScope on_device(device_);
+    acc32_storage_ = Buffer(size_t(model_->num_params()) * 4);
+    acc32_ =
+        Tensor(acc32_storage_.data(), {model_->num_params()}, DType::f32, acc32_storage_.device());
+  }
+}
+
+int64_t Trainer::resume_grad_accum(const io::CheckpointMeta& m, int64_t g) const {
+  const int64_t w = comm_.size();
+  if (cfg_.grad_accum_given) return cfg_.grad_accum;
+  // The micro-batch to keep: --batch-size if given, else the one the checkpoint's run used.
+  const int64_t saved_micro = m.global_batch / std::max<int64_t>(m.world_size * m.grad_accum, 1);
+  const int64_t micro = cfg_.batch_size_given ? cfg_.batch_size : saved_micro;
+  if (micro > 0 && g % (micro * w) == 0) return g / (micro * w);
+  return 1;  // more ranks than the micro-batch allows: smaller micro-batches, one per step
 }
 
 void Trainer::start_from(const std::string& path) {
-  const int64_t requested =
-      cfg_.global_batch_size ? cfg_.global_batch_size : cfg_.batch_size * comm_.size();
+  const int64_t requested = cfg_.global_batch_size
+                                ? cfg_.global_batch_size
+                                : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
   if (path.empty()) {  // the constructor broadcasts rank 0's parameters afterwards
-    make_loader(requested);
+    make_loader(requested, cfg_.grad_accum);
     if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
     return;
   }
@@ -93,13 +152,14 @@ void Trainer::start_from(const std::string& path) {
                ", which does not divide by ", comm_.size(),
                " ranks; give --global-batch-size (a multiple of ", comm_.size(),
                ") to change the global batch");
-    RT_REQUIRE(!cfg_.batch_size_given || cfg_.batch_size * comm_.size() == g, "--batch-size ",
-               cfg_.batch_size, " on ", comm_.size(), " ranks makes global batch ",
-               cfg_.batch_size * comm_.size(), ", but checkpoint '", path,
-               "' continues global batch ", g, "; use --batch-size ", g / comm_.size(),
-               ", drop --batch-size, or give --global-batch-size to change it");
   }
-  make_loader(g);
+  const int64_t k = resume_grad_accum(m, g);
+  RT_REQUIRE(!cfg_.batch_size_given || cfg_.batch_size * comm_.size() * k == g, "--batch-size ",
+             cfg_.batch_size, " on ", comm_.size(), " ranks x --grad-accum ", k,
+             " makes global batch ", cfg_.batch_size * comm_.size() * k, ", but checkpoint '", path,
+             "' continues global batch ", g, "; use --batch-size ", g / (comm_.size() * k),
+             ", drop --batch-size, or give --global-batch-size to change it");
+  make_loader(g, k);
   if (host_) {  // cuda: read into host copies, then upload
     io::read_checkpoint_params(path, host_->params);
     io::read_checkpoint_buffers(path, host_->buffers);
@@ -119,8 +179,27 @@ void Trainer::start_from(const std::string& path) {
   step_ = last_saved_step_ = m.step;
   samples_seen_ = m.samples_seen;
   epoch_ = m.data_epoch;
+  best_value_ = m.best_value;
+  best_step_ = m.best_step;
+  evals_since_best_ = m.evals_since_best;
+  const int64_t saved_micro = m.global_batch / std::max<int64_t>(m.world_size * m.grad_accum, 1);
   resumed_from_ = cat("resumed from ", path, " at step ", m.step, " (saved by ", m.world_size,
                       " ranks in ", m.precision, ", global batch ", g, ")");
+  if (m.global_batch == g && (m.world_size != comm_.size() || m.grad_accum != k))
+    resumed_from_ += cat("; global batch ", g, " kept: ", m.world_size, " ranks x ", saved_micro,
+                         " x ", m.grad_accum, " micro-batch(es) then, ", comm_.size(), " ranks x ",
+                         micro_batch_, " x ", k, " now (--grad-accum ", k, ")");
+  resumed_ = true;
+  resume_line_ = JsonLine()
+                     .add("type", "resume")
+                     .add("step", m.step)
+                     .add("path", path)
+                     .add("saved_world_size", m.world_size)
+                     .add("world_size", comm_.size())
+                     .add("global_batch", g)
+                     .add("saved_grad_accum", m.grad_accum)
+                     .add("grad_accum", k)
+                     .add("micro_batch", micro_batch_);
 }
 
 }  // namespace ringtrain::launch

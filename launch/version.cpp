@@ -18,8 +18,8 @@ std::string version_text() {
       "ringtrain ", RINGTRAIN_VERSION, " (", RINGTRAIN_BUILD_TYPE, ")\n",
       "  MPI:    ", comm::mpi_library_version(), "\n", "  HDF5:   ", maj, ".", min, ".", rel,
       H5_HAVE_PARALLEL ? " (parallel)" : " (serial)", "\n", "  BLAS:   ", kernels::blas_version(),
-      "\n", "  Boost:  ", BOOST_VERSION / 100000, ".", BOOST_VERSION / 100 % 1000, "\n",
-      "  CUDA:   ",
+      "\n", "  CPU:    ", kernels::describe_cpu_gemm(), "\n", "  Boost:  ", BOOST_VERSION / 100000,
+      ".", BOOST_VERSION / 100 % 1000, "\n", "  CUDA:   ",
       RINGTRAIN_HAS_CUDA
           ? cat("built for sm ", RINGTRAIN_CUDA_ARCHS, " with toolkit ", RINGTRAIN_CUDA_VERSION,
                 "\n          loaded: ", kernels::cuda::library_versions(),

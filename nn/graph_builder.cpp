@@ -3,6 +3,8 @@
 // makes the layers and the Model. Errors carry FILE:LINE:COLUMN and the node.
 #include "nn/graph_builder.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <map>
@@ -550,10 +552,56 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
   return nodes;
 }
 
+namespace {
+
+// Before any buffer is allocated: a lower bound of the memory the model needs against the
+// machine's physical memory, so that `--hidden 100000,100000` or huge samples are an input
+// error naming the values instead of "out of host memory" later. The bound counts 12 bytes
+// per parameter (fp32 master, fp32-or-smaller gradient and working copy, no optimizer
+// state) and one sample's fp32 input and largest activation; the real need is larger.
+void require_fits_in_memory(const ModelFile& file, const ModelPlan& plan,
+                            const std::vector<GraphNode>& nodes) {
+  double params = 0;  // double: products of hostile sizes must not wrap
+  for (const auto& node : nodes)
+    for (const auto& ps : node.layer->param_specs()) {
+      if (node.shared.count(ps.name)) continue;
+      double n = 1;
+      for (int64_t d : ps.shape) n *= double(d);
+      params += n;
+    }
+  auto numel = [](const Shape& s) {
+    double n = 1;
+    for (int64_t d : s) n *= double(d);
+    return n;
+  };
+  double largest = 0;
+  for (const auto& p : plan.nodes) largest = std::max(largest, numel(p.out));
+  const double need = 12 * params + 4 * (numel(plan.input) + largest);
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (need <= memory) return;
+  std::string with;
+  for (const auto& o : file.overrides()) with += (with.empty() ? " with " : ", ") + o;
+  throw_input(cat("model '", file.name(), "'", with, " on samples of shape ",
+                  shape_str(plan.input), " needs at least ",
+                  static_cast<long long>(std::min(need, 9.2e18)), " bytes (",
+                  static_cast<long long>(std::min(params, 9.2e18)),
+                  " parameters at 12 bytes each, plus one sample's input and largest "
+                  "activation), more than this machine's ",
+                  static_cast<long long>(memory),
+                  " bytes of memory; use smaller layers (--hidden, --width, the file's vars) or "
+                  "smaller samples"));
+}
+
+}  // namespace
+
 std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
-  std::vector<GraphNode> nodes = make_graph_nodes(file, plan_model(file));
+  const ModelPlan plan = plan_model(file);
+  std::vector<GraphNode> nodes = make_graph_nodes(file, plan);
+  require_fits_in_memory(file, plan, nodes);
   try {
-    return std::make_unique<Model>(std::move(nodes), compute, file.normalised());
+    auto model = std::make_unique<Model>(std::move(nodes), compute, file.normalised());
+    model->set_io(plan.input, plan.classes);
+    return model;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::input) throw;
     throw_input(cat(file.origin(), ": ", e.what()));

@@ -44,6 +44,10 @@ struct ParamSpec {
   Init init = Init::fan_in_uniform;
   int64_t fan_out = 1;
   double std = 0;  // Init::normal
+  // Whether weight decay applies by default: the op says so for each parameter (off for
+  // biases and normalisation parameters, the usual decay groups); a model file's
+  // `weight_decay` and --decay-all override it.
+  bool decay = true;
 };
 
 struct Param {
@@ -53,7 +57,7 @@ struct Param {
   int64_t fan_in = 1, fan_out = 1;  // for the initialisation
   Init init = Init::fan_in_uniform;
   double std = 0;
-  bool decay = true;  // weight decay applies (a model file's `weight_decay: false` clears it)
+  bool decay = true;  // weight decay applies (ParamSpec::decay unless the model file says)
   Tensor master;      // fp32
   Tensor work;        // compute dtype (aliases master in fp32)
   Tensor grad;        // compute dtype

@@ -69,7 +69,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
           p.init = o.init;
           p.std = o.std;
         }
-      p.decay = node.decay;
+      p.decay = node.decay.value_or(ps.decay);
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       pd.binds.push_back({false, params_.size()});

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,8 @@ struct GraphNode {
     double std = 0;
   };
   std::vector<InitOverride> init;
-  bool decay = true;                          // weight decay on this node's parameters
+  // weight decay on this node's parameters; unset: each parameter's default (ParamSpec::decay)
+  std::optional<bool> decay;
   std::map<std::string, std::string> shared;  // param -> the earlier "node.param" it is
 };
 
@@ -37,6 +39,14 @@ class Model {
   Model(std::vector<std::unique_ptr<Layer>> layers, DType compute);
 
   const std::string& text() const { return text_; }
+  // One sample's shape and the outputs per sample, as the model file states them (set by
+  // build_model; empty and 0 for a chain built in code).
+  const Shape& input_shape() const { return input_; }
+  int64_t classes() const { return classes_; }
+  void set_io(Shape input, int64_t classes) {
+    input_ = std::move(input);
+    classes_ = classes;
+  }
   DType compute_dtype() const { return compute_; }
   int64_t num_params() const { return num_params_; }
   // The parameters in the flat buffers (a shared parameter appears once, at its owner).
@@ -94,6 +104,8 @@ class Model {
   void apply_policy();
 
   std::string text_;
+  Shape input_;
+  int64_t classes_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<int>> inputs_;
   DType compute_;

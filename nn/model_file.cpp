@@ -200,6 +200,7 @@ void ModelFile::override_var(const std::string& var, const std::string& value,
     throw_input(cat(option, ": model '", name(), "' (", origin_, ") has no parameter '", var,
                     "'; its parameters are ", names.empty() ? "none" : names));
   }
+  overrides_.push_back(option + " " + value);
   auto range = [&] {
     return cat(v->has_min() ? cat(v->min()) : "-inf", " to ", v->has_max() ? cat(v->max()) : "inf");
   };

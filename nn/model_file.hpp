@@ -46,6 +46,8 @@ class ModelFile {
   // Sets a var from command-line text; `option` names the source in messages ("--width").
   // Input error when the file has no such var or the value is of the wrong type or range.
   void override_var(const std::string& var, const std::string& value, const std::string& option);
+  // The overrides applied, as the user wrote them ("--hidden 64,32"), for messages.
+  const std::vector<std::string>& overrides() const { return overrides_; }
   // The vars' values (and `classes`): the scope of the file's expressions.
   ExprScope scope() const;
 
@@ -72,6 +74,7 @@ class ModelFile {
                        const google::protobuf::TextFormat::ParseInfoTree* tree);
 
   std::string origin_, builtin_;
+  std::vector<std::string> overrides_;
   std::unique_ptr<pb::Model> def_;
   std::unique_ptr<google::protobuf::TextFormat::ParseInfoTree> tree_;
   // Each parsed message's tree of field locations, and its own start.

@@ -6,8 +6,25 @@
 
 namespace ringtrain {
 
-Optimizer::Optimizer(int64_t n, std::vector<std::string> names) : n_(n), names_(std::move(names)) {
+Optimizer::Optimizer(int64_t n, std::vector<std::string> names)
+    : ranges_{{0, n, true}}, n_(n), names_(std::move(names)) {
   for (size_t i = 0; i < names_.size(); ++i) state_.emplace_back(size_t(n) * 4);
+}
+
+void Optimizer::set_decay_ranges(std::vector<DecayRange> ranges) {
+  // Neighbours with the same setting merge: one fused kernel call per group run.
+  std::vector<DecayRange> merged;
+  int64_t next = 0;
+  for (const auto& r : ranges) {
+    RT_CHECK(r.offset == next && r.count >= 0, "decay range at ", r.offset, " after ", next);
+    next += r.count;
+    if (!merged.empty() && merged.back().decay == r.decay)
+      merged.back().count += r.count;
+    else if (r.count > 0)
+      merged.push_back(r);
+  }
+  RT_CHECK(next == n_, "decay ranges cover ", next, " of ", n_, " parameters");
+  ranges_ = std::move(merged);
 }
 
 namespace {
@@ -21,9 +38,15 @@ class Sgd final : public Optimizer {
   const char* name() const override { return "sgd"; }
   void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
             float lr) override {
-    cfg_.lr = lr;
-    Tensor m = state_.empty() ? Tensor() : state(0);
-    be.sgd_step(cfg_, master, grad, state_.empty() ? nullptr : &m, work);
+    for (const auto& r : ranges_) {
+      kernels::SgdConfig c = cfg_;
+      c.lr = lr;
+      if (!r.decay) c.weight_decay = 0.f;
+      Tensor m = state_.empty() ? Tensor() : state(0).slice(r.offset, {r.count});
+      Tensor w = work ? work->slice(r.offset, {r.count}) : Tensor();
+      be.sgd_step(c, master.slice(r.offset, {r.count}), grad.slice(r.offset, {r.count}),
+                  state_.empty() ? nullptr : &m, work ? &w : nullptr);
+    }
     ++steps_;
   }
 
@@ -41,7 +64,14 @@ class AdamW final : public Optimizer {
             float lr) override {
     cfg_.lr = lr;
     cfg_.step = ++steps_;
-    be.adamw_step(cfg_, master, grad, state(0), state(1), work);
+    for (const auto& r : ranges_) {
+      kernels::AdamWConfig c = cfg_;
+      if (!r.decay) c.weight_decay = 0.f;
+      Tensor w = work ? work->slice(r.offset, {r.count}) : Tensor();
+      be.adamw_step(c, master.slice(r.offset, {r.count}), grad.slice(r.offset, {r.count}),
+                    state(0).slice(r.offset, {r.count}), state(1).slice(r.offset, {r.count}),
+                    work ? &w : nullptr);
+    }
   }
 
  private:

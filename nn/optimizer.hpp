@@ -1,6 +1,8 @@
 // Optimizers over the flat fp32 master buffer: SGD with momentum and AdamW. Each keeps its
 // state as flat fp32 buffers laid out like the masters, so a parameter's state is the same
 // slice as the parameter (what the checkpoint writes as /optimizer/<param>/<state>).
+// Weight decay applies per range of the flat buffer (decay groups): a parameter whose
+// Param::decay is false is updated with weight decay 0.
 #pragma once
 
 #include <memory>
@@ -21,6 +23,12 @@ struct OptimizerConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
 };
 
+// A run of consecutive flat elements that share one decay setting.
+struct DecayRange {
+  int64_t offset = 0, count = 0;
+  bool decay = true;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -36,9 +44,13 @@ class Optimizer {
   }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
+  // The decay groups (ranges covering [0, n) in order); by default one range with decay.
+  void set_decay_ranges(std::vector<DecayRange> ranges);
+  const std::vector<DecayRange>& decay_ranges() const { return ranges_; }
 
  protected:
   Optimizer(int64_t n, std::vector<std::string> names);
+  std::vector<DecayRange> ranges_;
   int64_t n_;
   int64_t steps_ = 0;
   std::vector<std::string> names_;

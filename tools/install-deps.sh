@@ -19,8 +19,10 @@ packages=(
   libgtest-dev
   libprotobuf-dev protobuf-compiler
   zlib1g-dev
+  libpng-dev libjpeg62-turbo-dev libzip-dev
   dataset-fashion-mnist
   python3-h5py
+  python3-numpy python3-pil python3-torch
   python3-venv
   slurm-wlm munge numactl python3-matplotlib
 )

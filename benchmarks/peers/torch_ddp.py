@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The PyTorch peer of ringtrain's training benchmark: the same MLP (784-512-256-10) or
 CNN, trained with DistributedDataParallel over gloo on the CPU, one process per rank under
 mpirun, on the same Fashion-MNIST HDF5 file. Used by benchmarks/peers/run.sh.
 
-    mpirun -n 2 -x MASTER_PORT=29511 /usr/bin/python3 benchmarks/peers/torch_ddp.py \
+    mpirun -n 2 -x MASTER_PORT=29511 build/peers/torch/bin/python benchmarks/peers/torch_ddp.py \
         --model cnn --batch-size 128 --steps 100 --threads 1 [--json FILE]
 
 The whole dataset is normalised once ((v/255 - mean) / std, the file's attributes, as

@@ -167,6 +167,31 @@ def fit_alpha_beta(rows):
     return alpha, beta, worst
 
 
+def predict_point(compute_s, n, grad_bytes, buckets, alpha, beta, overlap=0.0, cores=0):
+    """The model's allreduce time, step time and weak-scaling efficiency at n ranks, from the
+    1-rank compute time: each bucket is its own allreduce (the latency term once per
+    bucket); compute slowed by n / cores where ranks exceed the cores (cores 0: never)."""
+    t = 0.0 if n <= 1 else buckets * 2 * (n - 1) * alpha + 2.0 * (n - 1) / n * grad_bytes * beta
+    c = compute_s * (max(1.0, n / cores) if cores else 1.0)
+    step = c + max(0.0, t - overlap * c)
+    return {"allreduce_s": t, "step_s": step, "efficiency": compute_s / step}
+
+
+def bench_rows(files, backend="ringtrain-mpi", dtype="fp32", min_bytes=0, max_bytes=0):
+    """(ranks, payload bytes, seconds) of the allreduce_bench --json rows of one backend and
+    wire dtype on 2 or more ranks, payloads within [min_bytes, max_bytes] (0: no limit)."""
+    rows = []
+    for f in files:
+        with open(f) as fh:
+            data = json.load(fh)
+        for r in data:
+            if r["backend"] == backend and r["type"] == dtype and r["ranks"] > 1:
+                payload = r["count"] * WIRE_BYTES.get(dtype, 4)
+                if payload >= min_bytes and (not max_bytes or payload <= max_bytes):
+                    rows.append((r["ranks"], payload, r["time_us"] * 1e-6))
+    return rows
+
+
 def cluster_allreduce(p, m, algo, gpus_per_node, alpha_intra, alpha_inter, bw_intra, bw_nic,
                       nics_per_node):
     """Seconds for an allreduce of m bytes over p GPUs, gpus_per_node per node.

@@ -1,12 +1,17 @@
-// CPU backend: GEMM through OpenBLAS (16-bit inputs widened to fp32, fp32 accumulation, one
-// rounding of the result), elementwise and reduction kernels as OpenMP loops.
+// CPU backend: GEMM through oneDNN or OpenBLAS (fp32 accumulation, one rounding of the
+// result; 16-bit inputs native where oneDNN has kernels, else widened to fp32), the backend's
+// environment settings, elementwise and reduction kernels as OpenMP loops.
 #include "kernels/cpu/cpu_backend.hpp"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 
 #include "kernels/cpu/elem.hpp"
 
@@ -16,6 +21,38 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<cpu::CpuBackend>(threads);
 }
 
+std::string describe_cpu_gemm() {
+  using namespace cpu;
+  const CpuFeatures& f = host_features();
+  const std::string core = openblas_core();
+  GemmChoice choice;
+  Bf16Setting setting = Bf16Setting::automatic;
+  try {
+    choice = choose_gemm_provider(f, core, gemm_setting_from_env());
+    setting = bf16_setting_from_env();
+  } catch (const Error& e) {  // --version still answers; a run stops at the backend instead
+    return cat("cpu isa ", isa_name(f), ", OpenBLAS core ", core, "; ", e.what());
+  }
+  std::string s = cat("cpu isa ", isa_name(f), ", GEMM ");
+  if (choice.provider == GemmProvider::onednn) {
+    OneDnnMatmul mm;
+    const bool native = choose_native16(f, setting);
+    auto path = [&](DType t) -> std::string {
+      if (!mm.supports(t, t)) return "widened (no oneDNN kernels)";
+      if (native) return "native";
+      return setting == Bf16Setting::widen ? "widened (RINGTRAIN_CPU_BF16=widen)"
+                                           : "widened (auto: no AMX)";
+    };
+    s += cat(onednn_description(), " (", choice.reason, "), bf16 ", path(DType::bf16), ", fp16 ",
+             path(DType::f16));
+  } else {
+    s += cat("OpenBLAS (", choice.reason, "), bf16 and fp16 widened");
+  }
+  return cat(s, ", OpenBLAS core ", core,
+             openblas_core_is_weak(f, core) ? cat(" (below ", isa_level_name(isa_level(f)), ")")
+                                            : std::string());
+}
+
 std::string blas_version() {
   std::string cfg = openblas_get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
@@ -23,6 +60,38 @@ std::string blas_version() {
 }
 
 namespace cpu {
+
+// The CPU backend's environment settings, read when a backend is made (so a bad value is a
+// setup error, exit 1, before any step):
+//   RINGTRAIN_GEMM  auto (default) | onednn | openblas: the GEMM provider; auto chooses by
+//                   the CPU's features (choose_gemm_provider in cpu_features.cpp)
+//   RINGTRAIN_CONV  onednn (default) | im2col: oneDNN's convolutions, or im2col + the BLAS
+//   RINGTRAIN_CPU_BF16  auto (default) | native | widen: 16-bit GEMMs and convolutions on
+//                   the 16-bit inputs, or widened to fp32 (choose_native16)
+CpuOptions CpuOptions::from_env() {
+  CpuOptions o;
+  const CpuFeatures& f = host_features();
+  const std::string core = openblas_core();
+  o.gemm = choose_gemm_provider(f, core, gemm_setting_from_env()).provider;
+  o.native16 = choose_native16(f, bf16_setting_from_env());
+  const char* conv = std::getenv("RINGTRAIN_CONV");
+  const std::string c = conv ? conv : "onednn";
+  RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,
+             "' is not valid; expected onednn or im2col");
+  o.conv_onednn = c == "onednn";
+  // Once per process: OpenBLAS will run GEMMs with kernels below what this CPU has.
+  if ((o.gemm == GemmProvider::openblas || !o.conv_onednn) && openblas_core_is_weak(f, core)) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "ringtrain: warning: OpenBLAS runs its %s kernels on a CPU with %s (isa %s): "
+                   "its GEMMs run at a fraction of this CPU's speed; RINGTRAIN_GEMM=auto and "
+                   "RINGTRAIN_CONV=onednn use oneDNN instead\n",
+                   core.c_str(), isa_level_name(isa_level(f)), isa_name(f).c_str());
+    });
+  }
+  return o;
+}
 
 void CpuBackend::set_threads(int n) {
   RT_REQUIRE(n >= 1, "--threads ", n, " is not valid; expected a positive number of threads");
@@ -38,6 +107,26 @@ const float* CpuBackend::as_f32(const Tensor& t, std::vector<float>& scratch) {
   return scratch.data();
 }
 
+OneDnnMatmul& CpuBackend::matmul() {
+  if (!matmul_) matmul_ = std::make_unique<OneDnnMatmul>();
+  return *matmul_;
+}
+
+bool CpuBackend::native(DType in) {
+  return opts_.native16 && (in == DType::bf16 || in == DType::f16) && matmul().supports(in, in) &&
+         matmul().supports(in, DType::f32);
+}
+
+DType CpuBackend::compute_dtype(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && native(a.dtype) ? a.dtype : DType::f32;
+}
+
+const void* CpuBackend::as_dtype(const Tensor& t, DType want, std::vector<float>& scratch) {
+  if (t.dtype == want) return t.data;
+  RT_CHECK(want == DType::f32, "no conversion of ", dtype_name(t.dtype), " to ", dtype_name(want));
+  return as_f32(t, scratch);
+}
+
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
   RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
@@ -48,6 +137,22 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
   RT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm shapes do not match: a ",
            shape_str(a.shape), (trans_a ? "^T" : ""), " b ", shape_str(b.shape),
            (trans_b ? "^T" : ""), " c ", shape_str(c.shape));
+  if (opts_.gemm == GemmProvider::onednn) {
+    const DType in = compute_dtype(a, b);
+    // The result straight into c when oneDNN writes c's dtype from these inputs (fp32 or the
+    // inputs' own 16-bit dtype), else through an fp32 scratch rounded once afterwards.
+    const bool direct = c.dtype == DType::f32 || (c.dtype == in && in != DType::f32);
+    void* pc = c.data;
+    if (!direct) {
+      scratch_c_.resize(size_t(c.numel()));
+      pc = scratch_c_.data();
+      if (beta != 0.f) to_f32(c.data, c.dtype, scratch_c_.data(), c.numel(), threads_);
+    }
+    matmul().run(trans_a, trans_b, m, n, k, alpha, as_dtype(a, in, scratch_a_),
+                 as_dtype(b, in, scratch_b_), in, beta, pc, direct ? c.dtype : DType::f32);
+    if (!direct) from_f32(scratch_c_.data(), c.data, c.dtype, c.numel(), threads_);
+    return;
+  }
   const float* pa = as_f32(a, scratch_a_);
   const float* pb = as_f32(b, scratch_b_);
   float* pc;
@@ -137,6 +242,22 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
     for (int64_t i = 0; i < n; ++i) px[i] = py[i] > 0.f ? pd[i] : 0.f;
     return;
   }
+  if (y.dtype == dy.dtype && (y.dtype == DType::bf16 || y.dtype == DType::f16)) {
+    // 16-bit, on the bit patterns (a loop that vectorises): y > 0 exactly when the pattern
+    // is in [1, +inf] (sign clear, not zero, not nan).
+    const uint16_t pos_inf = y.dtype == DType::bf16 ? 0x7f80u : 0x7c00u;
+    const auto* py = y.as<uint16_t>();
+    const auto* pd = dy.as<uint16_t>();
+    auto* px = dx.as<uint16_t>();
+    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) {
+        const uint16_t keep = uint16_t(0) - uint16_t(uint16_t(py[i] - 1u) < pos_inf);  // all ones
+        px[i] = pd[i] & keep;
+      }
+    });
+    return;
+  }
   dispatch_float(y.dtype, [&](auto Y) {
     using EY = decltype(Y);
     dispatch_float(dy.dtype, [&](auto D) {
@@ -151,7 +272,7 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
 }
 
 XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                    const Tensor* dlogits) {
+                                    const Tensor* dlogits, float label_smoothing) {
   RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32,
            "softmax_xent takes fp32 logits and int32 labels");
   const int64_t rows = logits.dim(0), c = logits.dim(1);
@@ -160,6 +281,8 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
   const int32_t* py = labels.as<int32_t>();
   float* pd = dlogits ? dlogits->as<float>() : nullptr;
   const float g = grad_scale / float(rows);
+  // The target is (1 - e) on the label plus e / C everywhere.
+  const double e = label_smoothing, on = 1 - e, off = e / double(c);
   XentResult res;
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = pl + r * c;
@@ -172,12 +295,15 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
     double sum = 0;
     for (int64_t j = 0; j < c; ++j) sum += std::exp(double(x[j] - mx));
     const double lse = double(mx) + std::log(sum);
-    res.loss_sum += lse - double(x[label]);
+    double mean_term = 0;  // sum over j of x_j, only when smoothing
+    if (e != 0)
+      for (int64_t j = 0; j < c; ++j) mean_term += double(x[j]);
+    res.loss_sum += lse - on * double(x[label]) - off * mean_term;
     res.correct += arg == label;
     if (pd) {
       for (int64_t j = 0; j < c; ++j) {
         const float p = float(std::exp(double(x[j]) - lse));
-        pd[r * c + j] = (p - (j == label ? 1.f : 0.f)) * g;
+        pd[r * c + j] = (p - float((j == label ? on : 0.0) + off)) * g;
       }
     }
   }
@@ -190,6 +316,24 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   const int64_t n = in.numel();
   float* po = out.as<float>();
   int bad = 0;
+  if (in.dtype == DType::bf16) {  // bf16 widens by a shift: a loop that vectorises
+    const auto* pi = in.as<uint16_t>();
+    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
+      uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t i = lo; i < hi; ++i) {
+        const float v = std::bit_cast<float>(uint32_t(pi[i]) << 16) * factor;
+        // inf or nan: all exponent bits set (the test of std::isfinite, on the bits)
+        any |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+        po[i] = v;
+      }
+      if (any) {
+#pragma omp atomic write
+        bad = 1;
+      }
+    });
+    return bad != 0;
+  }
   dispatch_float(in.dtype, [&](auto X) {
     using E = decltype(X);
     const auto* pi = in.as<typename E::storage>();

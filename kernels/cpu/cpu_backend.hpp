@@ -1,18 +1,37 @@
-// The CPU backend: OpenBLAS SGEMM for matrix products, OpenMP loops for the rest.
+// The CPU backend: matrix products through oneDNN or OpenBLAS (chosen by the CPU's features,
+// kernels/cpu/cpu_features.hpp), OpenMP loops for the rest. bf16 GEMMs and convolutions run
+// natively where oneDNN has kernels for them, else widened to fp32 (the reference path).
 // The reference backend: always built, and every other backend is tested against it.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/onednn_conv.hpp"
+#include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ringtrain::kernels::cpu {
 
+// How the backend computes; from_env() reads RINGTRAIN_GEMM and RINGTRAIN_CONV (an input
+// error names a bad value), tests set the fields directly.
+struct CpuOptions {
+  GemmProvider gemm = GemmProvider::openblas;
+  bool conv_onednn = true;  // convolution through oneDNN, else im2col + OpenBLAS
+  // 16-bit GEMMs and convolutions on the 16-bit inputs where oneDNN has kernels for them;
+  // false: always widened to fp32 first (the reference path).
+  bool native16 = true;
+  static CpuOptions from_env();
+};
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : use_onednn_(conv_uses_onednn()) { set_threads(threads); }
+  explicit CpuBackend(int threads) : CpuBackend(threads, CpuOptions::from_env()) {}
+  CpuBackend(int threads, const CpuOptions& opts) : opts_(opts) { set_threads(threads); }
+  const CpuOptions& options() const { return opts_; }
+  // True when a GEMM or convolution with inputs of this 16-bit dtype runs natively.
+  bool native(DType in);
   const char* name() const override { return "cpu"; }
   Device device() const override { return Device{}; }
   bool supports(Op op, DType dtype) const override { return is_float(dtype); }
@@ -27,7 +46,7 @@ class CpuBackend final : public Backend {
   void relu(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                          const Tensor* dlogits) override;
+                          const Tensor* dlogits, float label_smoothing) override;
   bool unscale_check(const Tensor& in, float factor, const Tensor& out) override;
   bool any_nonfinite(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;
@@ -69,13 +88,20 @@ class CpuBackend final : public Backend {
   // fp32 view of a tensor: the tensor itself when fp32, else a converted copy in `scratch`.
   const float* as_f32(const Tensor& t, std::vector<float>& scratch);
 
+  // The dtype a GEMM / convolution with inputs a and b computes on: their own 16-bit dtype
+  // when it runs natively, else fp32 (both widened).
+  DType compute_dtype(const Tensor& a, const Tensor& b);
+  // a as `want` (itself, or converted into scratch).
+  const void* as_dtype(const Tensor& t, DType want, std::vector<float>& scratch);
+  OneDnnMatmul& matmul();
+
+  CpuOptions opts_;
   int threads_ = 1;
   std::vector<float> scratch_a_, scratch_b_, scratch_c_;
   std::vector<float> col_, out32_;  // convolution: im2col columns, fp32 results
-  static bool conv_uses_onednn();   // RINGTRAIN_CONV
   OneDnnConv* onednn();             // null when im2col + GEMM is chosen
-  bool use_onednn_;
   std::unique_ptr<OneDnnConv> onednn_;
+  std::unique_ptr<OneDnnMatmul> matmul_;
 };
 
 }  // namespace ringtrain::kernels::cpu

@@ -1,4 +1,5 @@
-// CPU convolution and pooling. Convolution is im2col + OpenBLAS SGEMM per sample: the
+// CPU convolution and pooling. Convolution is oneDNN's (onednn_conv.cpp, the default; 16-bit
+// inputs native where oneDNN has kernels) or im2col + OpenBLAS SGEMM per sample: the
 // columns of one sample ([C R S, P Q] in fp32) stay in cache while the GEMM consumes them,
 // and bias + activation + the rounding to the output dtype run as the GEMM's epilogue
 // while its result is still in cache. A 1x1, stride 1, unpadded convolution skips im2col.
@@ -6,7 +7,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -18,8 +18,6 @@
 namespace ringtrain::kernels::cpu {
 
 namespace {
-
-constexpr const char* kDefaultConv = "onednn";
 
 bool is_pointwise(const ConvShape& cs) {
   return cs.r == 1 && cs.s == 1 && cs.stride == 1 && cs.pad == 0;
@@ -128,30 +126,28 @@ void maxpool2x2_row_f32(const float* r0, int64_t w, int64_t base, int64_t Q, boo
 
 }  // namespace
 
-// RINGTRAIN_CONV=onednn|im2col picks the convolution (read when the backend is made, so a
-// bad value is a setup error); the default is the faster one on our benchmark
-// (benchmarks/conv_bench, docs/benchmarks.md).
-bool CpuBackend::conv_uses_onednn() {
-  const char* e = std::getenv("RINGTRAIN_CONV");
-  const std::string v = e ? e : kDefaultConv;
-  RT_REQUIRE(v == "onednn" || v == "im2col", "RINGTRAIN_CONV='", v,
-             "' is not valid; expected onednn or im2col");
-  return v == "onednn";
-}
-
 // oneDNN's engine and primitives are made at the first convolution, not for every backend.
 OneDnnConv* CpuBackend::onednn() {
-  if (use_onednn_ && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
+  if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
   return onednn_.get();
 }
+
+namespace {
+
+// The dtype oneDNN computes a convolution on: the inputs' own 16-bit dtype when both have it
+// and oneDNN has kernels for it, else fp32 (both widened).
+DType conv_dtype(OneDnnConv& dnn, bool native16, const Tensor& a, const Tensor& b) {
+  const bool half = a.dtype == DType::bf16 || a.dtype == DType::f16;
+  return native16 && half && a.dtype == b.dtype && dnn.supports(a.dtype) ? a.dtype : DType::f32;
+}
+
+}  // namespace
 
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                 const Tensor* bias, Activation act, const Tensor& y) {
   check_conv_shapes(cs, x, w, y);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
-  const float* px = as_f32(x, scratch_a_);
-  const float* pw = as_f32(w, scratch_b_);
   std::vector<float> b(size_t(K), 0.f);
   if (bias) {
     RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ", K);
@@ -159,12 +155,17 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
   }
   const bool relu = act == Activation::relu;
   if (OneDnnConv* dnn = onednn()) {
-    float* out =
-        y.dtype == DType::f32 ? y.as<float>() : (out32_.resize(size_t(y.numel())), out32_.data());
-    dnn->forward(cs, px, pw, bias ? b.data() : nullptr, relu, out);
-    if (y.dtype != DType::f32) from_f32(out, y.data, y.dtype, y.numel(), threads_);
+    const DType in = conv_dtype(*dnn, opts_.native16, x, w);
+    // Straight into y when oneDNN writes y's dtype (fp32, or the inputs' 16-bit dtype).
+    const bool direct = y.dtype == DType::f32 || y.dtype == in;
+    void* out = direct ? y.data : (out32_.resize(size_t(y.numel())), out32_.data());
+    dnn->forward(cs, as_dtype(x, in, scratch_a_), as_dtype(w, in, scratch_b_), in,
+                 bias ? b.data() : nullptr, relu, out, direct ? y.dtype : DType::f32);
+    if (!direct) from_f32(out32_.data(), y.data, y.dtype, y.numel(), threads_);
     return;
   }
+  const float* px = as_f32(x, scratch_a_);
+  const float* pw = as_f32(w, scratch_b_);
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
   if (y.dtype != DType::f32) out32_.resize(size_t(out_n));
@@ -196,15 +197,17 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   check_conv_shapes(cs, dx, w, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
-  const float* pdy = as_f32(dy, scratch_a_);
-  const float* pw = as_f32(w, scratch_b_);
   if (OneDnnConv* dnn = onednn()) {
-    float* out = dx.dtype == DType::f32 ? dx.as<float>()
-                                        : (out32_.resize(size_t(dx.numel())), out32_.data());
-    dnn->backward_data(cs, pdy, pw, out);
-    if (dx.dtype != DType::f32) from_f32(out, dx.data, dx.dtype, dx.numel(), threads_);
+    const DType in = conv_dtype(*dnn, opts_.native16, dy, w);
+    const bool direct = dx.dtype == DType::f32 || dx.dtype == in;
+    void* out = direct ? dx.data : (out32_.resize(size_t(dx.numel())), out32_.data());
+    dnn->backward_data(cs, as_dtype(dy, in, scratch_a_), as_dtype(w, in, scratch_b_), in, out,
+                       direct ? dx.dtype : DType::f32);
+    if (!direct) from_f32(out32_.data(), dx.data, dx.dtype, dx.numel(), threads_);
     return;
   }
+  const float* pdy = as_f32(dy, scratch_a_);
+  const float* pw = as_f32(w, scratch_b_);
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
   if (dx.dtype != DType::f32) out32_.resize(size_t(in_n));
@@ -229,8 +232,6 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   check_conv_shapes(cs, x, dw, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
-  const float* px = as_f32(x, scratch_a_);
-  const float* pdy = as_f32(dy, scratch_b_);
   float* acc = dw.dtype == DType::f32 ? dw.as<float>()
                                       : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
   if (db)
@@ -238,11 +239,15 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
              " elements, expected ", K);
   std::vector<float> sum(size_t(K), 0.f);
   if (OneDnnConv* dnn = onednn()) {
-    dnn->backward_weights(cs, px, pdy, acc, db ? sum.data() : nullptr);
+    const DType in = conv_dtype(*dnn, opts_.native16, x, dy);
+    dnn->backward_weights(cs, as_dtype(x, in, scratch_a_), as_dtype(dy, in, scratch_b_), in, acc,
+                          db ? sum.data() : nullptr);
     if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
     if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
     return;
   }
+  const float* px = as_f32(x, scratch_a_);
+  const float* pdy = as_f32(dy, scratch_b_);
   const bool pointwise = is_pointwise(cs);
   if (!pointwise) col_.resize(size_t(CRS * PQ));
   for (int64_t n = 0; n < cs.n; ++n) {

@@ -51,9 +51,29 @@ decltype(auto) dispatch_float(DType t, F&& f) {
 // Element ranges below this size stay on one thread: the fork/join costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
 
+// body(lo, hi) over [0, n): in chunks of 16 Ki elements on `threads` threads, or in one call
+// when single-threaded or small.
+template <typename Body>
+void parallel_chunks(int64_t n, int threads, Body body) {
+  constexpr int64_t kChunk = 1 << 14;
+  if (threads <= 1 || n < kParallelMin) {
+    body(0, n);
+    return;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t lo = c * kChunk, hi = lo + kChunk < n ? lo + kChunk : n;
+    body(lo, hi);
+  }
+}
+
 // dst[i] = float(src[i]) for n elements of dtype t; threads <= 1 runs serially.
 void to_f32(const void* src, DType t, float* dst, int64_t n, int threads);
 // dst[i] = round_nearest_even(src[i]) into dtype t.
 void from_f32(const float* src, void* dst, DType t, int64_t n, int threads);
+// Which fp32 -> bf16 code from_f32 runs on this CPU: "avx512_bf16" (VCVTNE2PS2BF16),
+// "avx512f" (integer rounding, 16 lanes) or "scalar".
+const char* bf16_conversion_path();
 
 }  // namespace ringtrain::kernels::cpu

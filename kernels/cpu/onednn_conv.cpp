@@ -1,7 +1,8 @@
-// Convolution through oneDNN (fp32): forward with fused bias + ReLU, backward data and
-// backward weights. oneDNN chooses its own (blocked) layouts (format_tag::any); our NCHW /
-// OIHW tensors are reordered into them and back around each call. Primitives and their
-// internal buffers are cached per shape, so a training step creates nothing new.
+// Convolution through oneDNN: forward with fused bias + ReLU, backward data and backward
+// weights, in fp32 or on 16-bit inputs with fp32 accumulation. oneDNN chooses its own
+// (blocked) layouts (format_tag::any); our NCHW / OIHW tensors are reordered into them and
+// back around each call. Primitives and their internal buffers are cached per shape and
+// dtypes, so a training step creates nothing new.
 #include "kernels/cpu/onednn_conv.hpp"
 
 #include <map>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/onednn_util.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -20,11 +22,15 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, bool, bool>;
+// Which primitive an entry holds.
+enum Kind { kForward, kBackwardData, kBackwardWeights };
 
-Key key_of(const ConvShape& cs, bool bias, bool relu) {
-  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, bias, relu};
+// Shape, kind, bias, relu, the input dtype and the output dtype (dst / diff_src).
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int, bool, bool, DType, DType>;
+
+Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, DType in, DType out) {
+  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, kind, bias, relu, in, out};
 }
 
 }  // namespace
@@ -33,52 +39,88 @@ struct OneDnnConv::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
 
-  // One shape's primitives and the buffers in oneDNN's layouts (allocated once).
+  // One primitive, the layouts it wants, and our layouts of the same tensors.
   struct Entry {
-    dnnl::convolution_forward::primitive_desc fwd_pd;
-    dnnl::convolution_forward fwd;
-    dnnl::convolution_backward_data::primitive_desc bwd_d_pd;
-    dnnl::convolution_backward_data bwd_d;
-    dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
-    dnnl::convolution_backward_weights bwd_w;
-    memory::desc src_u, wei_u, dst_u, bias_u;  // our layouts
+    dnnl::primitive prim;
+    memory::desc src, wei, dst;        // wanted: src/diff_src, weights/diff_weights, dst/diff_dst
+    memory::desc src_u, wei_u, dst_u;  // ours (NCHW / OIHW, in the tensors' dtypes)
+    memory::desc bias_u;
   };
   std::map<Key, Entry> cache;
+  std::map<DType, bool> supported;
 
-  Entry& get(const ConvShape& cs, bool bias, bool relu) {
-    const Key key = key_of(cs, bias, relu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-    const memory::dims src{cs.n, cs.c, cs.h, cs.w}, wei{cs.k, cs.c, cs.r, cs.s}, b{cs.k},
-        dst{cs.n, cs.k, cs.p(), cs.q()}, strides{cs.stride, cs.stride}, pad{cs.pad, cs.pad};
-    const memory::desc src_any(src, dt::f32, tag::any), wei_any(wei, dt::f32, tag::any),
-        dst_any(dst, dt::f32, tag::any), bias_md(b, dt::f32, tag::x);
-    const memory::desc none;
-    dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training,
-                                       dnnl::algorithm::convolution_direct, src_any, wei_any,
-                                       bias ? bias_md : none, dst_any, strides, pad, pad);
+  struct Descs {
+    memory::dims src, wei, bias, dst, strides, pad;
+  };
+  static Descs dims_of(const ConvShape& cs) {
+    return {{cs.n, cs.c, cs.h, cs.w},     {cs.k, cs.c, cs.r, cs.s}, {cs.k},
+            {cs.n, cs.k, cs.p(), cs.q()}, {cs.stride, cs.stride},   {cs.pad, cs.pad}};
+  }
+
+  // The forward primitive descriptor (also the hint of the backward ones).
+  dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& cs, bool bias, bool relu,
+                                                       DType in, DType out) {
+    const Descs d = dims_of(cs);
+    const memory::desc none, bias_md(d.bias, dt::f32, tag::x);
+    dnnl::convolution_forward::desc fd(
+        dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
+        memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any), bias ? bias_md : none,
+        memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::any), d.strides, d.pad,
+        d.pad);
     dnnl::primitive_attr attr;
     if (relu) {
       dnnl::post_ops ops;
       ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
       attr.set_post_ops(ops);
     }
+    return dnnl::convolution_forward::primitive_desc(fd, attr, eng);
+  }
+
+  Entry& get(const ConvShape& cs, Kind kind, bool bias, bool relu, DType in, DType out) {
+    const Key key = key_of(cs, kind, bias, relu, in, out);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    const Descs d = dims_of(cs);
     Entry e;
-    e.fwd_pd = dnnl::convolution_forward::primitive_desc(fd, attr, eng);
-    e.fwd = dnnl::convolution_forward(e.fwd_pd);
-    dnnl::convolution_backward_data::desc bdd(dnnl::algorithm::convolution_direct, src_any, wei_any,
-                                              dst_any, strides, pad, pad);
-    e.bwd_d_pd = dnnl::convolution_backward_data::primitive_desc(bdd, eng, e.fwd_pd);
-    e.bwd_d = dnnl::convolution_backward_data(e.bwd_d_pd);
-    dnnl::convolution_backward_weights::desc bwd(dnnl::algorithm::convolution_direct, src_any,
-                                                 wei_any, bias ? bias_md : none, dst_any, strides,
-                                                 pad, pad);
-    e.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(bwd, eng, e.fwd_pd);
-    e.bwd_w = dnnl::convolution_backward_weights(e.bwd_w_pd);
-    e.src_u = memory::desc(src, dt::f32, tag::nchw);
-    e.wei_u = memory::desc(wei, dt::f32, tag::oihw);
-    e.dst_u = memory::desc(dst, dt::f32, tag::nchw);
-    e.bias_u = bias_md;
+    e.bias_u = memory::desc(d.bias, dt::f32, tag::x);
+    const memory::desc none;
+    if (kind == kForward) {
+      auto pd = forward_pd(cs, bias, relu, in, out);
+      e.prim = dnnl::convolution_forward(pd);
+      e.src = pd.src_desc(), e.wei = pd.weights_desc(), e.dst = pd.dst_desc();
+      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
+      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::nchw);
+    } else if (kind == kBackwardData) {
+      const auto hint = forward_pd(cs, false, false, in, in);
+      dnnl::convolution_backward_data::desc bd(
+          dnnl::algorithm::convolution_direct,
+          memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::any),
+          memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any),
+          memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
+          d.pad);
+      dnnl::convolution_backward_data::primitive_desc pd(bd, eng, hint);
+      e.prim = dnnl::convolution_backward_data(pd);
+      e.src = pd.diff_src_desc(), e.wei = pd.weights_desc(), e.dst = pd.diff_dst_desc();
+      e.src_u = memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::nchw);
+      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
+    } else {  // gradients of the filters (and bias) in fp32
+      const auto hint = forward_pd(cs, bias, false, in, in);
+      dnnl::convolution_backward_weights::desc bd(
+          dnnl::algorithm::convolution_direct,
+          memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
+          memory::desc(d.wei, dt::f32, tag::any), bias ? e.bias_u : none,
+          memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
+          d.pad);
+      dnnl::convolution_backward_weights::primitive_desc pd(bd, eng, hint);
+      e.prim = dnnl::convolution_backward_weights(pd);
+      e.src = pd.src_desc(), e.wei = pd.diff_weights_desc(), e.dst = pd.diff_dst_desc();
+      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
+      e.wei_u = memory::desc(d.wei, dt::f32, tag::oihw);
+      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
+    }
     return cache.emplace(key, std::move(e)).first->second;
   }
 
@@ -103,19 +145,19 @@ struct OneDnnConv::Impl {
   }
 
   // `user` (our layout) as the primitive wants it: itself, or a reordered copy.
-  memory input(int role, const memory::desc& want, const memory::desc& have, const float* p) {
-    memory user(have, eng, const_cast<float*>(p));
+  memory input(int role, const memory::desc& want, const memory::desc& have, const void* p) {
+    memory user(have, eng, const_cast<void*>(p));
     if (want == have) return user;
     memory m = scratch_for(role, want);
     reorder_for(have, want).execute(strm, user, m);
     return m;
   }
   // Where the primitive writes an output: our buffer itself, or a scratch to reorder after.
-  memory output(int role, const memory::desc& want, const memory::desc& have, float* p) {
+  memory output(int role, const memory::desc& want, const memory::desc& have, void* p) {
     if (want == have) return memory(have, eng, p);
     return scratch_for(role, want);
   }
-  void finish(memory out, const memory::desc& have, float* p) {
+  void finish(memory out, const memory::desc& have, void* p) {
     memory user(have, eng, p);
     if (out.get_desc() == have) return;
     reorder_for(out.get_desc(), have).execute(strm, out, user);
@@ -125,44 +167,60 @@ struct OneDnnConv::Impl {
 OneDnnConv::OneDnnConv() : impl_(std::make_unique<Impl>()) {}
 OneDnnConv::~OneDnnConv() = default;
 
-void OneDnnConv::forward(const ConvShape& cs, const float* x, const float* w, const float* bias,
-                         bool relu, float* y) {
+bool OneDnnConv::supports(DType in) {
+  if (in == DType::f32) return true;
+  if (in != DType::bf16 && in != DType::f16) return false;
   auto& im = *impl_;
-  auto& e = im.get(cs, bias != nullptr, relu);
-  memory src = im.input(0, e.fwd_pd.src_desc(), e.src_u, x);
-  memory wei = im.input(1, e.fwd_pd.weights_desc(), e.wei_u, w);
-  memory dst = im.output(2, e.fwd_pd.dst_desc(), e.dst_u, y);
+  auto it = im.supported.find(in);
+  if (it != im.supported.end()) return it->second;
+  bool ok = false;
+  try {  // the CNN's second convolution as the probe
+    const ConvShape cs{64, 32, 26, 26, 64, 3, 3, 1, 0};
+    ok = !is_reference_impl(im.forward_pd(cs, true, true, in, in).impl_info_str());
+  } catch (const dnnl::error&) {  // unimplemented for this dtype on this CPU
+  }
+  return im.supported.emplace(in, ok).first->second;
+}
+
+void OneDnnConv::forward(const ConvShape& cs, const void* x, const void* w, DType in,
+                         const float* bias, bool relu, void* y, DType out) {
+  auto& im = *impl_;
+  auto& e = im.get(cs, kForward, bias != nullptr, relu, in, out);
+  memory src = im.input(0, e.src, e.src_u, x);
+  memory wei = im.input(1, e.wei, e.wei_u, w);
+  memory dst = im.output(2, e.dst, e.dst_u, y);
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
   if (bias) args[DNNL_ARG_BIAS] = memory(e.bias_u, im.eng, const_cast<float*>(bias));
-  e.fwd.execute(im.strm, args);
+  e.prim.execute(im.strm, args);
   im.finish(dst, e.dst_u, y);
   im.strm.wait();
 }
 
-void OneDnnConv::backward_data(const ConvShape& cs, const float* dy, const float* w, float* dx) {
+void OneDnnConv::backward_data(const ConvShape& cs, const void* dy, const void* w, DType in,
+                               void* dx, DType out) {
   auto& im = *impl_;
-  auto& e = im.get(cs, false, false);
-  memory ddst = im.input(3, e.bwd_d_pd.diff_dst_desc(), e.dst_u, dy);
-  memory wei = im.input(4, e.bwd_d_pd.weights_desc(), e.wei_u, w);
-  memory dsrc = im.output(5, e.bwd_d_pd.diff_src_desc(), e.src_u, dx);
-  e.bwd_d.execute(im.strm,
-                  {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+  auto& e = im.get(cs, kBackwardData, false, false, in, out);
+  memory ddst = im.input(3, e.dst, e.dst_u, dy);
+  memory wei = im.input(4, e.wei, e.wei_u, w);
+  memory dsrc = im.output(5, e.src, e.src_u, dx);
+  e.prim.execute(im.strm,
+                 {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
   im.finish(dsrc, e.src_u, dx);
   im.strm.wait();
 }
 
-void OneDnnConv::backward_weights(const ConvShape& cs, const float* x, const float* dy, float* dw,
-                                  float* db) {
+void OneDnnConv::backward_weights(const ConvShape& cs, const void* x, const void* dy, DType in,
+                                  float* dw, float* db) {
   auto& im = *impl_;
-  auto& e = im.get(cs, db != nullptr, false);
-  memory src = im.input(6, e.bwd_w_pd.src_desc(), e.src_u, x);
-  memory ddst = im.input(7, e.bwd_w_pd.diff_dst_desc(), e.dst_u, dy);
-  memory dwei = im.output(8, e.bwd_w_pd.diff_weights_desc(), e.wei_u, dw);
+  auto& e = im.get(cs, kBackwardWeights, db != nullptr, false, in, DType::f32);
+  memory src = im.input(6, e.src, e.src_u, x);
+  memory ddst = im.input(7, e.dst, e.dst_u, dy);
+  memory dwei = im.output(8, e.wei, e.wei_u, dw);
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
   if (db) args[DNNL_ARG_DIFF_BIAS] = memory(e.bias_u, im.eng, db);
-  e.bwd_w.execute(im.strm, args);
+  e.prim.execute(im.strm, args);
   im.finish(dwei, e.wei_u, dw);
   im.strm.wait();
 }

@@ -110,7 +110,7 @@ void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor&
 }
 
 XentResult CudaBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                     const Tensor* dlogits) {
+                                     const Tensor* dlogits, float label_smoothing) {
   RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32,
            "softmax_xent takes fp32 logits and int32 labels");
   check_device(logits, "logits");
@@ -126,8 +126,8 @@ XentResult CudaBackend::softmax_xent(const Tensor& logits, const Tensor& labels,
   auto* bad = reinterpret_cast<int32_t*>(dev + size_t(rows) * 12);
   CUDA_CHECK(cudaMemsetAsync(bad, 0, 4, stream()));
   launch_softmax_xent(logits.as<float>(), labels.as<int32_t>(), rows, c, grad_scale / float(rows),
-                      dlogits ? dlogits->as<float>() : nullptr, row_loss, row_correct, bad,
-                      stream());
+                      label_smoothing, dlogits ? dlogits->as<float>() : nullptr, row_loss,
+                      row_correct, bad, stream());
   // Read back and summed on the host in row order, as the CPU backend sums.
   std::vector<char> host(need);
   char* dst = need <= DeviceRuntime::kPinnedBytes ? static_cast<char*>(rt_.pinned()) : host.data();

@@ -77,7 +77,7 @@ class CudaBackend final : public Backend {
   void relu(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                          const Tensor* dlogits) override;
+                          const Tensor* dlogits, float label_smoothing) override;
   bool unscale_check(const Tensor& in, float factor, const Tensor& out) override;
   bool any_nonfinite(const Tensor& x) override;
   double sum_squares(const Tensor& x) override;

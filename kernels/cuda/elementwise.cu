@@ -108,8 +108,9 @@ __global__ void relu_backward_kernel(const Y* y, const D* dy, D* dx, int64_t n) 
 }
 
 // One warp per row.
+// The target is (1 - e) on the label plus e / C everywhere (label smoothing e).
 __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t rows, int64_t c,
-                            float g, float* dl, double* row_loss, int32_t* row_correct,
+                            float g, float e, float* dl, double* row_loss, int32_t* row_correct,
                             int32_t* bad) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
@@ -130,17 +131,23 @@ __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t 
   for (int64_t j = lane; j < c; j += 32) sum += exp(double(x[j] - mx));
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const double lse = double(mx) + log(sum);
+  const double on = 1 - double(e), off = double(e) / double(c);
+  double xsum = 0;  // sum of the logits, for the smoothed part of the loss
+  if (e != 0.f) {
+    for (int64_t j = lane; j < c; j += 32) xsum += double(x[j]);
+    for (int off2 = 16; off2 > 0; off2 >>= 1) xsum += __shfl_xor_sync(0xffffffffu, xsum, off2);
+  }
   const int32_t label = labels[row];
   const bool ok = label >= 0 && label < c;
   if (lane == 0) {
     if (!ok) *bad = 1;
-    row_loss[row] = ok ? lse - double(x[label]) : 0.0;
+    row_loss[row] = ok ? lse - on * double(x[label]) - off * xsum : 0.0;
     row_correct[row] = arg == label;
   }
   if (!dl) return;
   for (int64_t j = lane; j < c; j += 32) {
     const float p = float(exp(double(x[j]) - lse));
-    dl[row * c + j] = (p - (j == label ? 1.f : 0.f)) * g;
+    dl[row * c + j] = (p - float((j == label ? on : 0.0) + off)) * g;
   }
 }
 
@@ -309,12 +316,12 @@ void launch_relu_backward(const void* y, DType yt, const void* dy, void* dx, DTy
 }
 
 void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t c,
-                         float g, float* dlogits, double* row_loss, int32_t* row_correct,
-                         int32_t* bad_label, cudaStream_t s) {
+                         float g, float smoothing, float* dlogits, double* row_loss,
+                         int32_t* row_correct, int32_t* bad_label, cudaStream_t s) {
   if (rows == 0) return;
   constexpr int kRowsPerBlock = kThreads / 32;
   xent_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, s>>>(
-      logits, labels, rows, c, g, dlogits, row_loss, row_correct, bad_label);
+      logits, labels, rows, c, g, smoothing, dlogits, row_loss, row_correct, bad_label);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -25,9 +25,10 @@ void launch_relu(const void* x, void* y, DType t, int64_t n, cudaStream_t s);
 void launch_relu_backward(const void* y, DType yt, const void* dy, void* dx, DType dt, int64_t n,
                           cudaStream_t s);
 // Per row: loss (double) and correct (0/1); *bad_label set when a label is outside [0, c).
+// smoothing: PyTorch's label_smoothing (0: plain cross-entropy).
 void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t c,
-                         float g, float* dlogits, double* row_loss, int32_t* row_correct,
-                         int32_t* bad_label, cudaStream_t s);
+                         float g, float smoothing, float* dlogits, double* row_loss,
+                         int32_t* row_correct, int32_t* bad_label, cudaStream_t s);
 // out = in * factor (fp32); *flag |= any non-finite. out may be null (check only).
 void launch_unscale_check(const void* in, DType t, float factor, float* out, int64_t n,
                           int32_t* flag, cudaStream_t s);

@@ -70,7 +70,9 @@ check "fails its checksum" train --data "$DATA/train.h5" --hidden 32 --resume "$
 
 check "already holds 1 checkpoint" train --data "$DATA/train.h5" --hidden 32 --resume never --checkpoint-dir "$dir/ck"
 check "--overwrite only applies with --resume never" train --data "$DATA/train.h5" --overwrite
-check "directory '$dir/nodir' does not exist" convert idx --images a --labels b --out "$dir/nodir/x.h5"
+# --out's directory is created when missing (cli.sh); one that cannot be made is named.
+check "directory '$dir/text.h5/sub' cannot be created" convert idx --images a --labels b \
+  --out "$dir/text.h5/sub/x.h5"
 rc=0
 "$BIN" inspect "$dir/flip-ck.h5" >"$dir/out" 2>&1 || rc=$?
 if [[ $rc -ne 1 ]] || ! grep -q "valid: NO" "$dir/out"; then

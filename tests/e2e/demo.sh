@@ -10,7 +10,7 @@ acc=$(sed -n 's/^test accuracy: \([0-9.]*\).*/\1/p' <<<"$out")
 [[ -n "$acc" ]] || fail "the demo printed no test accuracy"
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.80 && a <= 1.0) }' || fail "accuracy $acc"
 ls "$dir"/ckpt/ckpt-000000400.h5 >/dev/null || fail "no final checkpoint"
-python3 - "$dir/metrics.jsonl" "$acc" <<'PY' || fail "metrics file"
+/usr/bin/python3 - "$dir/metrics.jsonl" "$acc" <<'PY' || fail "metrics file"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 types = {r["type"] for r in recs}

@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 dir=$(workdir observe)
 venv=$E2E_DIR/tb-venv
 if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import tensorboard, h5py' 2>/dev/null; then
-  python3 -m venv "$venv"
+  /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q tensorboard h5py || fail "pip install tensorboard h5py"
 fi
 
@@ -81,7 +81,7 @@ mpi 3 "$BIN" train --data "$DATA/train.h5" --steps 8 --global-batch-size 96 --th
   --hidden 64,32 --bucket-mb 0.05 --timeline "$dir/trace.json" --timeline-steps 3:5 \
   --checkpoint-dir "$dir/tl-ck" --checkpoint-every 4 >"$dir/tl.out"
 grep -q "timeline of steps 3:5 written to $dir/trace.json" "$dir/tl.out" || fail "timeline not announced"
-python3 - "$dir/trace.json" <<'PY' || fail "timeline contents"
+/usr/bin/python3 - "$dir/trace.json" <<'PY' || fail "timeline contents"
 import json, sys
 spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 assert {e["pid"] for e in spans} == {0, 1, 2}, "spans from every rank"

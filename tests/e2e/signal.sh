@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# SIGUSR1 to one rank: all ranks stop at the same step, a checkpoint is written, the exit
-# code is 75; the same command then continues to the end and exits 0.
+# SIGTERM to rank 1 only (a non-zero rank, as Slurm's preemption or a node's OOM killer may
+# hit any rank): all ranks stop at the same step, the checkpoint of that step is written and
+# validates, rank 0 says which signal reached which rank and where the checkpoint is, and
+# the exit code is 75; the same command then continues to the end and exits 0.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir signal)
 cmd=("$BIN" train --data "$DATA/train.h5" --steps 3000 --batch-size 32 --hidden 256 --threads 1
@@ -8,27 +10,53 @@ cmd=("$BIN" train --data "$DATA/train.h5" --steps 3000 --batch-size 32 --hidden 
 rc=0
 mpi 2 "${cmd[@]}" >"$dir/out" 2>&1 &
 job=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 150); do
   grep -q '"type":"step"' "$dir/m.jsonl" 2>/dev/null && break
   sleep 0.2
 done
-pid=$(pgrep -f "^$BIN train --data $DATA/train.h5 --steps 3000" | sed -n 1p)
-[[ -n "$pid" ]] || fail "no rank process found"
+grep -q '"type":"step"' "$dir/m.jsonl" || fail "the job never trained: $(cat "$dir/out")"
+
+# rank_pid R: the pid of rank R of this job, from the OMPI_COMM_WORLD_RANK of each ringtrain
+# process of the command (mpirun starts the ranks with it in their environment).
+rank_pid() {
+  local p
+  for p in $(pgrep -f "^$BIN train --data $DATA/train.h5 --steps 3000"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+pid=$(rank_pid 1) || fail "no process of rank 1 found"
 # Two signals in a row: the second arrives while the ranks agree or save, and must neither
-# corrupt the checkpoint nor change the outcome.
-kill -USR1 "$pid"
+# corrupt the checkpoint nor change the outcome. Rank 1 may already be gone by then.
+kill -TERM "$pid"
 sleep 0.05
-kill -USR1 "$pid" 2>/dev/null || true
+kill -TERM "$pid" 2>/dev/null || echo "rank 1 had exited before the second SIGTERM"
 wait "$job" || rc=$?
 cat "$dir/out"
-[[ $rc -eq 75 ]] || fail "exit code $rc after SIGUSR1, expected 75"
-ck=$(find "$dir/ck" -name 'ckpt-*.h5' | sort | tail -n 1)
-[[ -n "$ck" ]] || fail "no checkpoint after the signal"
-step=$(h5dump -a /step "$ck" | sed -n 's/.*(0): \([0-9]*\).*/\1/p')
-(( step > 0 && step < 3000 )) || fail "checkpoint step $step"
-"$BIN" inspect "$ck" | contains "valid: yes" || fail "the checkpoint after two signals is not valid"
-pass "stopped at step $step with exit 75, checkpoint valid"
-out=$(mpi 2 "${cmd[@]}" 2>&1)
-grep -q "resumed from .* at step $step" <<<"$out" || fail "rerun did not continue"
-[[ -f "$dir/ck/ckpt-000003000.h5" ]] || fail "rerun did not finish"
+[[ $rc -eq 75 ]] || fail "exit code $rc after SIGTERM to rank 1, expected 75"
+
+# Exactly one line names the signal, the rank it reached, the step and the checkpoint.
+pattern="^stopped by SIGTERM on rank 1 at step \([0-9]*\); checkpoint $dir/ck/\(ckpt-[0-9]\{9\}\.h5\) saved"
+[[ $(grep -c "$pattern" "$dir/out") -eq 1 ]] ||
+  fail "expected one line 'stopped by SIGTERM on rank 1 at step N; checkpoint $dir/ck/ckpt-<9 digits>.h5 saved'"
+step=$(sed -n "s|$pattern.*|\1|p" "$dir/out")
+ck=$dir/ck/$(sed -n "s|$pattern.*|\2|p" "$dir/out")
+(( step > 0 && step < 3000 )) || fail "stopped at step $step"
+[[ $ck == "$dir/ck/ckpt-$(printf %09d "$step").h5" ]] || fail "checkpoint $ck is not the one of step $step"
+[[ -f $ck ]] || fail "the checkpoint named, $ck, does not exist: $(ls "$dir/ck")"
+"$BIN" inspect "$ck" >"$dir/inspect" || fail "inspect $ck exited $?: $(cat "$dir/inspect")"
+contains "valid: yes" <"$dir/inspect" || fail "inspect $ck: $(cat "$dir/inspect")"
+h5dump -a /step "$ck" | contains "(0): $step\$" || fail "$ck does not hold step $step"
+newest=$(find "$dir/ck" -name 'ckpt-*.h5' | sort | tail -n 1)
+[[ $newest == "$ck" ]] || fail "a newer checkpoint than the one named: $newest"
+pass "SIGTERM to rank 1: stopped at step $step with exit 75, $ck named and valid"
+
+rc=0
+out=$(mpi 2 "${cmd[@]}" 2>&1) || rc=$?
+[[ $rc -eq 0 ]] || fail "the rerun exited $rc: $out"
+contains "resumed from $ck at step $step " <<<"$out" || fail "rerun did not continue from $ck: $out"
+"$BIN" inspect "$dir/ck/ckpt-000003000.h5" >/dev/null || fail "rerun did not finish with a valid checkpoint"
 pass "the same command continued to the end"

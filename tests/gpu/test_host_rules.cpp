@@ -58,9 +58,9 @@ class GemmRecorder final : public kernels::Backend {
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
     be_.relu_backward(y, dy, dx);
   }
-  kernels::XentResult softmax_xent(const Tensor& l, const Tensor& lab, float g,
-                                   const Tensor* dl) override {
-    return be_.softmax_xent(l, lab, g, dl);
+  kernels::XentResult softmax_xent(const Tensor& l, const Tensor& lab, float g, const Tensor* dl,
+                                   float smoothing) override {
+    return be_.softmax_xent(l, lab, g, dl, smoothing);
   }
   bool unscale_check(const Tensor& in, float f, const Tensor& out) override {
     return be_.unscale_check(in, f, out);
@@ -174,7 +174,7 @@ std::vector<GemmDtypes> gemms_of_a_step(const Spec& spec, DType precision) {
   Context ctx{rec, precision, true, 1};
   const Tensor& logits = model->forward(ctx, *in);
   Tensor& dlt = dl.ensure(logits.shape, DType::f32, Device{});
-  rec.softmax_xent(logits, y, 1.f, &dlt);
+  rec.softmax_xent(logits, y, 1.f, &dlt, 0.f);
   model->backward(ctx, dlt);
   return rec.gemms;
 }

@@ -6,7 +6,9 @@ source "$(dirname "$0")/lib.sh"
 case "${1:-}" in
   start)
     [[ $(id -u) -eq 0 ]] || fail "the local Slurm runs its daemons as root; run the slurm tests as root"
-    cluster stop >/dev/null 2>&1 || true  # the leftovers of an interrupted earlier run
+    # The leftovers of an interrupted earlier run, if any, go first (stop exits 0 when
+    # nothing runs, 1 when a daemon outlives it).
+    cluster stop >/dev/null || fail "could not stop the daemons left by an earlier run in $CLUSTER_DIR"
     rm -rf "$CLUSTER_DIR"
     cluster start
     cluster status

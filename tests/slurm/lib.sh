@@ -3,11 +3,12 @@
 # contains), plus the local Slurm of slurm/local-cluster.sh and waiting for its jobs.
 # Sourced by each test; CTest sets RINGTRAIN_BIN, E2E_DIR, SRC_DIR, WORK_DIR and
 # RINGTRAIN_SLURM_DIR.
+# Read before the e2e helpers clear every RINGTRAIN_* and SLURM_* variable (hermetic_env).
+CLUSTER_DIR=${RINGTRAIN_SLURM_DIR:?RINGTRAIN_SLURM_DIR is not set}
 # shellcheck source=../e2e/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/lib.sh"
 SRC=${SRC_DIR:?SRC_DIR is not set}
 WORK=${WORK_DIR:?WORK_DIR is not set}
-CLUSTER_DIR=${RINGTRAIN_SLURM_DIR:?RINGTRAIN_SLURM_DIR is not set}
 # A port per build directory, so that the test clusters of two build trees never meet.
 SLURM_PORT=$((20000 + $(cksum <<<"$CLUSTER_DIR" | cut -d' ' -f1) % 5000 * 2))
 export SLURM_CONF=$CLUSTER_DIR/slurm.conf

@@ -32,7 +32,7 @@ cat "$dir/int.out"
 [[ "$(job_field "$job" Restarts)" == 1 ]] || fail "job $job restarted $(job_field "$job" Restarts) times, expected 1"
 contains "USR1 received" <"$dir/int.out" || fail "the batch script did not see USR1"
 contains "requeueing job $job" <"$dir/int.out" || fail "the batch script did not requeue"
-step=$(sed -n 's/^stopped by signal 10 at step \([0-9]*\);.*/\1/p' "$dir/int.out")
+step=$(sed -n 's/^stopped by SIGUSR1 on \(all 2 ranks\|rank [01]\) at step \([0-9]*\);.*/\2/p' "$dir/int.out")
 [[ -n "$step" ]] || fail "ringtrain did not stop on the signal"
 ((step < 3000)) || fail "stopped at step $step, after the end"
 contains "resumed from .*ckpt-0*$step.h5 at step $step" <"$dir/int.out" ||

@@ -50,8 +50,10 @@ mpi 2 -x CUDA_VISIBLE_DEVICES=3,5 "$RR" --gpu-map off bash -c "$show" >"$dir/d" 
 if ! command -v nvidia-smi >/dev/null; then
   mpi 2 "$RR" bash -c "$show" >"$dir/e" 2>&1
   [[ "$(seen 1 CVD "$dir/e")" == unset ]] || fail "without GPUs CUDA_VISIBLE_DEVICES was set"
+  pass "a mapping already made is kept; --gpu-map off; no GPUs: nothing set"
+else
+  pass "a mapping already made is kept; --gpu-map off (GPUs here: the no-GPU case not run)"
 fi
-pass "a mapping already made is kept; --gpu-map off; no GPUs: nothing set"
 
 # OMP_NUM_THREADS: mpirun binds 2 ranks to a core each: 1 thread; a value given is kept.
 mpi 2 "$RR" bash -c "$show" >"$dir/f" 2>&1
@@ -64,12 +66,12 @@ mpi 1 --bind-to none "$RR" bash -c "$show" >"$dir/h" 2>&1
 pass "OMP_NUM_THREADS: the rank's share of the cores, or the value given"
 
 # NUMA binding through numactl (--numa rank: without GPUs, by local rank), and its absence.
-if command -v numactl >/dev/null; then
-  mpi 2 "$RR" --numa rank --verbose bash -c 'grep Cpus_allowed_list /proc/self/status' >"$dir/n" 2>&1
-  cat "$dir/n"
-  [[ $(grep -c "numa=0 " "$dir/n") -eq 2 ]] || fail "--numa rank did not choose node 0"
-  "$RR" --numa rank --print true | contains "exec numactl --.*=0 true" || fail "--numa rank: no numactl"
-fi
+# numactl is a test dependency (tools/install-deps.sh installs it): missing, the test fails.
+command -v numactl >/dev/null || fail "numactl is not installed (tools/install-deps.sh installs it)"
+mpi 2 "$RR" --numa rank --verbose bash -c 'grep Cpus_allowed_list /proc/self/status' >"$dir/n" 2>&1
+cat "$dir/n"
+[[ $(grep -c "numa=0 " "$dir/n") -eq 2 ]] || fail "--numa rank did not choose node 0"
+"$RR" --numa rank --print true | contains "exec numactl --.*=0 true" || fail "--numa rank: no numactl"
 mpi 2 "$RR" --numa rank --numactl /nonexistent/numactl true >"$dir/m" 2>&1
 [[ $(grep -c "numactl not found: CPUs not bound to NUMA node 0" "$dir/m") -eq 1 ]] ||
   { cat "$dir/m"; fail "a missing numactl was not said once"; }
@@ -103,8 +105,9 @@ for case in "1 4" "3 2"; do
   read -r node want <<<"$case"
   slurm_env=(SLURM_LOCALID=1 SLURM_NODEID="$node" SLURM_STEP_TASKS_PER_NODE='4(x3),2')
   a=$(env "${slurm_env[@]}" "$RR" --print true | sed -n 1p)
-  b=$(env "${slurm_env[@]}" RINGTRAIN_VERBOSE=1 "$BIN" train --data "$DATA/train.h5" --steps 1 \
-    --batch-size 8 --threads 1 2>&1 | grep '^ringtrain: host=' || true)
+  out=$(env "${slurm_env[@]}" RINGTRAIN_VERBOSE=1 "$BIN" train --data "$DATA/train.h5" --steps 1 \
+    --batch-size 8 --threads 1 2>&1) || fail "node $node of 4(x3),2: ringtrain exited $?: $out"
+  b=$(grep '^ringtrain: host=' <<<"$out") || fail "node $node of 4(x3),2: no placement line: $out"
   for line in "$a" "$b"; do
     [[ "$(field "$line" source) $(field "$line" local_rank) $(field "$line" local_size)" == "slurm 1 $want" ]] ||
       fail "node $node of 4(x3),2: '$line', expected local rank 1 of $want"

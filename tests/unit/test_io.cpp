@@ -70,14 +70,14 @@ TEST_F(IoTest, DatasetReadsExactlyTheRequestedSamplesInOrder) {
   const std::vector<int64_t> idx = {999, 3, 4, 5, 0, 500, 3, 998};
   std::vector<float> x(idx.size() * 6);
   std::vector<int32_t> y(idx.size());
-  d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.0, 1.0);
+  d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), Normalization{{0.0}, {1.0}});
   for (size_t j = 0; j < idx.size(); ++j) {
     EXPECT_EQ(y[j], idx[j] % 5) << "at position " << j;
     for (int k = 0; k < 6; ++k)
       ASSERT_FLOAT_EQ(x[j * 6 + k], float((idx[j] * 7 + k) % 256) / 255.f) << "sample " << idx[j];
   }
   // Normalisation: (v - mean) / std.
-  d.read(idx.data(), 1, x.data(), y.data(), 0.5, 2.0);
+  d.read(idx.data(), 1, x.data(), y.data(), Normalization{{0.5}, {2.0}});
   EXPECT_FLOAT_EQ(x[0], (float((999 * 7) % 256) / 255.f - 0.5f) / 2.f);
 }
 
@@ -156,7 +156,7 @@ TEST_F(IoTest, WrongSchemasAreInputErrorsNamingTheFile) {
   float x[12];
   int32_t y[2];
   const int64_t idx[2] = {0, 1};
-  expect_input_error([&] { d.read(idx, 2, x, y, 0, 1); }, "label 7 of sample 1");
+  expect_input_error([&] { d.read(idx, 2, x, y, Normalization{}); }, "label 7 of sample 1");
 }
 
 TEST_F(IoTest, EpochPermutationIsAPermutationThatDependsOnSeedAndEpoch) {
@@ -173,7 +173,7 @@ TEST_F(IoTest, EpochPermutationIsAPermutationThatDependsOnSeedAndEpoch) {
 TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
   const std::string p = make_dataset(100);
   Dataset d(p);
-  Loader one(d, 3, 20, 0, 1, 0, 1);
+  Loader one(d, 3, 20, 0, 1, Normalization{});
   std::vector<int32_t> global;
   for (int s = 0; s < 6; ++s) {  // crosses the epoch end (5 batches of 20 per epoch)
     const Batch& b = one.next();
@@ -183,7 +183,7 @@ TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
     std::vector<int32_t> stitched;
     std::vector<std::unique_ptr<Loader>> ranks;
     for (int r = 0; r < world; ++r)
-      ranks.push_back(std::make_unique<Loader>(d, 3, 20, r, world, 0, 1));
+      ranks.push_back(std::make_unique<Loader>(d, 3, 20, r, world, Normalization{}));
     for (int s = 0; s < 6; ++s)
       for (int r = 0; r < world; ++r) {
         const Batch& b = ranks[size_t(r)]->next();
@@ -191,8 +191,9 @@ TEST_F(IoTest, RanksTakeContiguousSlicesOfTheSameGlobalBatch) {
       }
     EXPECT_EQ(stitched, global) << world << " ranks see another sample order";
   }
-  expect_input_error([&] { Loader l(d, 3, 21, 0, 2, 0, 1); }, "does not divide by 2 ranks");
-  expect_input_error([&] { Loader l(d, 3, 200, 0, 1, 0, 1); }, "larger than dataset");
+  expect_input_error([&] { Loader l(d, 3, 21, 0, 2, Normalization{}); },
+                     "does not divide by 2 ranks");
+  expect_input_error([&] { Loader l(d, 3, 200, 0, 1, Normalization{}); }, "larger than dataset");
 }
 
 TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
@@ -219,7 +220,7 @@ TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
   auto read_all = [&](Dataset& d) {
     std::vector<float> x(idx.size() * 6);
     std::vector<int32_t> y(idx.size());
-    d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), 0.1, 0.5);
+    d.read(idx.data(), int64_t(idx.size()), x.data(), y.data(), Normalization{{0.1}, {0.5}});
     return std::make_pair(x, y);
   };
   const auto ref = read_all(whole);
@@ -247,8 +248,8 @@ TEST_F(IoTest, ShardsDirectoryGlobAndFileReadTheSameSamples) {
 TEST_F(IoTest, PrefetchingLoaderHandsOutTheSameBatchesAndPositions) {
   const std::string p = make_dataset(100);
   Dataset d(p), d2(p);  // one Dataset per loader: reads of one Dataset are not concurrent
-  Loader sync(d, 9, 20, 1, 2, 0, 1, 0);
-  Loader ahead(d2, 9, 20, 1, 2, 0, 1, 3);
+  Loader sync(d, 9, 20, 1, 2, Normalization{}, 0);
+  Loader ahead(d2, 9, 20, 1, 2, Normalization{}, 3);
   sync.seek(1, 40);
   ahead.seek(1, 40);
   for (int s = 0; s < 12; ++s) {  // crosses two epoch ends
@@ -354,6 +355,82 @@ TEST_F(IoTest, CheckpointStoreKeepsTheNewestAndSkipsCorruptFiles) {
   fs::resize_file(files[0], fs::file_size(files[0]) / 2);
   EXPECT_FALSE(store.latest_valid(nullptr).has_value());
   expect_input_error([&] { CheckpointStore s(path("ck"), 0); }, "--keep 0");
+}
+
+}  // namespace
+}  // namespace ringtrain::io
+
+namespace ringtrain::io {
+namespace {
+
+// CIFAR-shaped synthetic data ([3, 32, 32] uint8, written by the converter's writer with its
+// per-channel /mean and /std) through the loader with crop+flip: the global batches are
+// bitwise the same on 1, 2 and 3 ranks, and from a loader that seeks to a saved position
+// (a resume), and the normalisation is per channel.
+TEST_F(IoTest, AugmentedCifarBatchesAreTheSameOnAnyRankCountAndAfterASeek) {
+  const int64_t n = 96, per = 3 * 32 * 32;
+  std::vector<uint8_t> img(static_cast<size_t>(n * per));
+  std::vector<int32_t> lab(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    lab[size_t(i)] = int32_t(i % 10);
+    for (int64_t k = 0; k < per; ++k)  // channel c centred near 60 * (c + 1)
+      img[size_t(i * per + k)] = uint8_t(60 * (k / 1024 + 1) + (i * 13 + k * 7) % 50);
+  }
+  const std::string p = path("cifar.h5");
+  write_dataset_files(p, img.data(), {n, 3, 32, 32}, lab.data(), 10);
+  Dataset d(p);
+  ASSERT_EQ(d.info().channel_mean.size(), 3u);
+  const Normalization norm = normalization_of(d.info());
+  ASSERT_TRUE(norm.per_channel());
+  EXPECT_LT(norm.mean[0], norm.mean[1]);  // the channels' own statistics
+  EXPECT_LT(norm.mean[1], norm.mean[2]);
+  const Augment aug = parse_augment("crop:4,flip");
+  const int64_t g = 24, steps = 9;  // 4 batches per epoch: crosses two epoch ends
+  auto run = [&](int world, int64_t skip) {
+    std::vector<std::unique_ptr<Dataset>> files;  // one per rank, as each process has its own
+    std::vector<std::unique_ptr<Loader>> ranks;
+    for (int r = 0; r < world; ++r) {
+      files.push_back(std::make_unique<Dataset>(p));
+      ranks.push_back(std::make_unique<Loader>(*files.back(), 5, g, r, world, norm, r % 2, aug));
+      if (skip) ranks.back()->seek(skip / 4, (skip % 4) * g);  // where a checkpoint resumes
+    }
+    std::vector<float> out;
+    for (int64_t s = skip; s < steps; ++s)
+      for (int r = 0; r < world; ++r) {
+        const Batch& b = ranks[size_t(r)]->next();
+        out.insert(out.end(), b.x.as<float>(), b.x.as<float>() + b.x.numel());
+      }
+    return out;
+  };
+  const auto one = run(1, 0);
+  EXPECT_EQ(run(2, 0), one) << "2 ranks";
+  EXPECT_EQ(run(3, 0), one) << "3 ranks";
+  const auto resumed = run(3, 5);
+  EXPECT_EQ(resumed, std::vector<float>(one.begin() + 5 * g * per, one.end())) << "after a seek";
+  // Augmentation happened: the plain batches differ.
+  std::vector<float> plain;
+  Loader l(d, 5, g, 0, 1, norm);
+  for (int64_t s = 0; s < steps; ++s) {
+    const Batch& b = l.next();
+    plain.insert(plain.end(), b.x.as<float>(), b.x.as<float>() + b.x.numel());
+  }
+  EXPECT_NE(plain, one);
+  // Per-channel normalisation: un-augmented channel c of a sample is (v/255 - mean_c) / std_c.
+  const int64_t i0 = epoch_permutation(5, 0, n)[0];
+  for (int64_t c = 0; c < 3; ++c) {
+    const double v = img[size_t(i0 * per + c * 1024)] / 255.0;
+    EXPECT_NEAR(plain[size_t(c * 1024)], (v - norm.mean[size_t(c)]) / norm.std[size_t(c)], 1e-5);
+  }
+  // Flat samples [D] cannot be cropped or flipped.
+  std::vector<uint8_t> flat_img(50 * 6, 7);
+  std::vector<int32_t> flat_lab(50, 1);
+  write_dataset_files(path("flat.h5"), flat_img.data(), {50, 6}, flat_lab.data(), 2);
+  Dataset flat(path("flat.h5"));
+  expect_input_error(
+      [&] {
+        Loader bad(flat, 5, 10, 0, 1, Normalization{}, 0, Augment{2, false});
+      },
+      "--augment needs image samples [C, H, W]");
 }
 
 }  // namespace

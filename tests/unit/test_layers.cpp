@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/layers.hpp"
@@ -258,45 +259,53 @@ std::vector<float> widened(const std::vector<uint16_t>& v, DType t) {
 
 class Gemm16 : public ::testing::TestWithParam<std::tuple<DType, bool, bool>> {};
 
+// The widening path (the reference for the native 16-bit GEMMs, tests/unit/test_cpu_gemm.cpp),
+// with each GEMM provider.
 TEST_P(Gemm16, EqualsFp32GemmRoundedOnce) {
   const auto [dt, ta, tb] = GetParam();
-  auto be = kernels::make_cpu_backend(1);
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> sizes = {{7, 5, 13}, {33, 17, 65}};
-  for (const auto& [m, n, k] : sizes) {
-    SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k);
-    const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
-    auto a16 = random16(size_t(m * k), dt, 51), b16 = random16(size_t(k * n), dt, 52);
-    auto c16 = random16(size_t(m * n), dt, 53);
-    auto a32 = widened(a16, dt), b32 = widened(b16, dt), c32 = widened(c16, dt);
-    const Tensor a16t(a16.data(), sa, dt), b16t(b16.data(), sb, dt);
-    const Tensor a32t(a32.data(), sa, DType::f32), b32t(b32.data(), sb, DType::f32);
+  for (auto provider : {kernels::cpu::GemmProvider::onednn, kernels::cpu::GemmProvider::openblas}) {
+    SCOPED_TRACE(kernels::cpu::provider_name(provider));
+    kernels::cpu::CpuOptions opts;
+    opts.gemm = provider;
+    opts.native16 = false;
+    auto be = std::make_unique<kernels::cpu::CpuBackend>(1, opts);
+    const std::vector<std::tuple<int64_t, int64_t, int64_t>> sizes = {{7, 5, 13}, {33, 17, 65}};
+    for (const auto& [m, n, k] : sizes) {
+      SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k);
+      const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+      auto a16 = random16(size_t(m * k), dt, 51), b16 = random16(size_t(k * n), dt, 52);
+      auto c16 = random16(size_t(m * n), dt, 53);
+      auto a32 = widened(a16, dt), b32 = widened(b16, dt), c32 = widened(c16, dt);
+      const Tensor a16t(a16.data(), sa, dt), b16t(b16.data(), sb, dt);
+      const Tensor a32t(a32.data(), sa, DType::f32), b32t(b32.data(), sb, DType::f32);
 
-    for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{0.5f, 0.25f}}) {
-      SCOPED_TRACE(testing::Message() << "alpha " << alpha << " beta " << beta);
-      // Reference: the fp32 GEMM of the widened inputs (c included, for beta).
-      std::vector<float> ref = c32;
-      be->gemm(ta, tb, alpha, a32t, b32t, beta, Tensor(ref.data(), {m, n}, DType::f32));
-      // ... which itself is right to fp32 accuracy, against a double loop.
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0;
-          for (int64_t l = 0; l < k; ++l)
-            s += double(a32[size_t(ta ? l * m + i : i * k + l)]) *
-                 b32[size_t(tb ? j * k + l : l * n + j)];
-          const double want = alpha * s + beta * double(c32[size_t(i * n + j)]);
-          ASSERT_NEAR(ref[size_t(i * n + j)], want, 1e-5 * k) << "at index " << i * n + j;
-        }
+      for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{0.5f, 0.25f}}) {
+        SCOPED_TRACE(testing::Message() << "alpha " << alpha << " beta " << beta);
+        // Reference: the fp32 GEMM of the widened inputs (c included, for beta).
+        std::vector<float> ref = c32;
+        be->gemm(ta, tb, alpha, a32t, b32t, beta, Tensor(ref.data(), {m, n}, DType::f32));
+        // ... which itself is right to fp32 accuracy, against a double loop.
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t l = 0; l < k; ++l)
+              s += double(a32[size_t(ta ? l * m + i : i * k + l)]) *
+                   b32[size_t(tb ? j * k + l : l * n + j)];
+            const double want = alpha * s + beta * double(c32[size_t(i * n + j)]);
+            ASSERT_NEAR(ref[size_t(i * n + j)], want, 1e-5 * k) << "at index " << i * n + j;
+          }
 
-      // 16-bit output: exactly the reference rounded once.
-      std::vector<uint16_t> out16 = c16;
-      be->gemm(ta, tb, alpha, a16t, b16t, beta, Tensor(out16.data(), {m, n}, dt));
-      for (size_t i = 0; i < out16.size(); ++i)
-        ASSERT_EQ(narrow(ref[i], dt), out16[i]) << "at index " << i << " (fp32 " << ref[i] << ")";
+        // 16-bit output: exactly the reference rounded once.
+        std::vector<uint16_t> out16 = c16;
+        be->gemm(ta, tb, alpha, a16t, b16t, beta, Tensor(out16.data(), {m, n}, dt));
+        for (size_t i = 0; i < out16.size(); ++i)
+          ASSERT_EQ(narrow(ref[i], dt), out16[i]) << "at index " << i << " (fp32 " << ref[i] << ")";
 
-      // fp32 output from 16-bit inputs: exactly the reference.
-      std::vector<float> out32 = c32;
-      be->gemm(ta, tb, alpha, a16t, b16t, beta, Tensor(out32.data(), {m, n}, DType::f32));
-      for (size_t i = 0; i < out32.size(); ++i) ASSERT_EQ(ref[i], out32[i]) << "at index " << i;
+        // fp32 output from 16-bit inputs: exactly the reference.
+        std::vector<float> out32 = c32;
+        be->gemm(ta, tb, alpha, a16t, b16t, beta, Tensor(out32.data(), {m, n}, DType::f32));
+        for (size_t i = 0; i < out32.size(); ++i) ASSERT_EQ(ref[i], out32[i]) << "at index " << i;
+      }
     }
   }
 }

@@ -1,0 +1,237 @@
+// `ringtrain predict` (see predict.hpp). Setup (model, data, output directory) runs under
+// agree(); the forward passes and the writing have collectives (the parallel HDF5 file,
+// the gather) and run under run_or_fail(). The output appears under its name only when it
+// is complete: it is written as OUT.tmp and renamed; on an error the .tmp is removed.
+#include "launch/predict.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "io/convert_output.hpp"
+#include "io/npy.hpp"
+#include "launch/device.hpp"
+#include "launch/evaluate.hpp"
+#include "launch/job.hpp"
+#include "launch/model_source.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain::launch {
+
+std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backend& backend,
+                                 int64_t lo, int64_t hi, int64_t batch,
+                                 const io::Normalization& norm, int32_t* labels) {
+  const int64_t classes = model.classes();
+  std::vector<float> out(size_t((hi - lo) * classes));
+  Context ctx{backend, model.compute_dtype(), /*training=*/false};
+  Shape xs = {batch};
+  xs.insert(xs.end(), data.info().sample_shape.begin(), data.info().sample_shape.end());
+  const Device dev = backend.device();
+  DeviceScope on_device(dev);
+  OwnedTensor x, xc, xd;
+  std::vector<int64_t> idx;
+  for (int64_t start = lo; start < hi; start += batch) {
+    const int64_t b = std::min(batch, hi - start);
+    xs[0] = b;
+    idx.resize(size_t(b));
+    std::iota(idx.begin(), idx.end(), start);
+    Tensor* xf = &x.ensure(xs, DType::f32, Device{});
+    data.read(idx.data(), b, xf->as<float>(), labels ? labels + (start - lo) : nullptr, norm);
+    if (dev.kind != Device::cpu) {
+      Tensor& xu = xd.ensure(xs, DType::f32, dev);
+      copy_bytes(xu.data, dev, xf->data, Device{}, xf->bytes());
+      xf = &xu;
+    }
+    const Tensor* in = xf;
+    if (ctx.compute != DType::f32) {
+      backend.cast(*xf, xc.ensure(xs, ctx.compute));
+      in = &xc.view;
+    }
+    const Tensor& logits = model.forward(ctx, *in);
+    RT_CHECK(logits.dtype == DType::f32 && logits.numel() == b * classes, "logits of shape ",
+             shape_str(logits.shape), " for ", b, " samples of ", classes, " classes");
+    copy_bytes(out.data() + (start - lo) * classes, Device{}, logits.data, logits.device,
+               size_t(b * classes) * sizeof(float));
+  }
+  return out;
+}
+
+void softmax_rows(float* s, int64_t rows, int64_t classes) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * classes;
+    const float mx = *std::max_element(x, x + classes);
+    double sum = 0;
+    for (int64_t j = 0; j < classes; ++j) sum += std::exp(double(x[j] - mx));
+    for (int64_t j = 0; j < classes; ++j) x[j] = float(std::exp(double(x[j] - mx)) / sum);
+  }
+}
+
+void top_k_rows(const float* s, int64_t rows, int64_t classes, int64_t k, int32_t* top,
+                float* top_scores) {
+  std::vector<int32_t> order(static_cast<size_t>(classes));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s + r * classes;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    for (int64_t j = 0; j < k; ++j) {
+      top[r * k + j] = order[size_t(j)];
+      top_scores[r * k + j] = x[order[size_t(j)]];
+    }
+  }
+}
+
+namespace {
+
+struct PredictSetup {
+  std::unique_ptr<kernels::Backend> backend;
+  LoadedModel loaded;
+  std::unique_ptr<io::Dataset> data;
+  std::vector<std::string> class_names;
+  int64_t classes = 0, k = 1;
+  bool npy = false;
+};
+
+// Removes `tmp` on this rank if `fn` throws, then rethrows.
+template <typename Fn>
+void removing_on_error(const std::string& tmp, Fn&& fn) {
+  try {
+    fn();
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+void write_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, int64_t lo,
+              int64_t count, const std::vector<float>& scores, const std::vector<int32_t>& labels) {
+  const int64_t n = s.data->info().num_samples, c = s.classes, k = s.k;
+  std::vector<int32_t> top(size_t(count * k));
+  std::vector<float> top_scores(size_t(count * k));
+  top_k_rows(scores.data(), count, c, k, top.data(), top_scores.data());
+  const std::string tmp = cfg.out + ".tmp";
+  removing_on_error(tmp, [&] {
+    io::H5Lock lock;
+    io::CollectiveFileScope collective;
+    io::ParallelH5Writer w(comm);
+    {
+      io::H5Id f = w.create(tmp);
+      io::write_attr(f, "format", std::string("ringtrain-predictions"));
+      io::write_attr(f, "format_version", int64_t(1));
+      io::write_attr(f, "checkpoint", cfg.checkpoint);
+      io::write_attr(f, "step", s.loaded.meta.step);
+      io::write_attr(f, "data", cfg.data);
+      io::write_attr(f, "scores", std::string(cfg.probabilities ? "probabilities" : "logits"));
+      io::write_attr(f, "precision", std::string(dtype_name(cfg.precision)));
+      io::write_attr(f, "num_classes", c);
+      w.write_rows(f, cfg.probabilities ? "probabilities" : "logits", DType::f32, {n, c}, lo, count,
+                   scores.data(), true);
+      w.write_rows(f, "top_k", DType::i32, {n, k}, lo, count, top.data(), true);
+      w.write_rows(f, "top_k_scores", DType::f32, {n, k}, lo, count, top_scores.data(), true);
+      if (!labels.empty())
+        w.write_rows(f, "labels", DType::i32, {n}, lo, count, labels.data(), true);
+      if (!s.class_names.empty()) w.write_strings(f, "class_names", s.class_names);
+    }
+    MPI_Barrier(comm);  // closed everywhere before it gets its name
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    if (rank == 0) {
+      std::error_code ec;
+      fs::rename(tmp, cfg.out, ec);
+      RT_CHECK(!ec, "rename '", tmp, "' -> '", cfg.out, "': ", ec.message());
+    }
+  });
+}
+
+void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicator& comm,
+               int64_t count, const std::vector<float>& scores) {
+  const int64_t n = s.data->info().num_samples, c = s.classes;
+  const int w = comm.size();
+  std::vector<int> counts(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
+  for (int r = 0; r < w; ++r) {
+    const int64_t rows = n * (r + 1) / w - n * r / w;
+    RT_REQUIRE(rows * c <= INT32_MAX, "--out '", cfg.out, "': ", rows * c,
+               " values per rank are too many for one .npy gather; use an .h5 output");
+    counts[size_t(r)] = int(rows * c);
+    displs[size_t(r)] = int(n * r / w * c);
+  }
+  std::vector<float> all(comm.rank() == 0 ? size_t(n * c) : 0);
+  RT_CHECK(MPI_Gatherv(scores.data(), int(count * c), MPI_FLOAT, all.data(), counts.data(),
+                       displs.data(), MPI_FLOAT, 0, comm.mpi()) == MPI_SUCCESS,
+           "MPI_Gatherv of the predictions failed");
+  if (comm.rank() != 0) return;
+  const std::string tmp = cfg.out + ".tmp";
+  removing_on_error(tmp, [&] {
+    io::write_npy_f32(tmp, all.data(), {n, c});
+    std::error_code ec;
+    fs::rename(tmp, cfg.out, ec);
+    RT_CHECK(!ec, "rename '", tmp, "' -> '", cfg.out, "': ", ec.message());
+  });
+}
+
+}  // namespace
+
+int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
+  PredictSetup s;
+  agree(comm, [&] {
+    const auto ends_with = [&](const char* ext) {
+      const std::string e = ext;
+      return cfg.out.size() > e.size() &&
+             cfg.out.compare(cfg.out.size() - e.size(), e.size(), e) == 0;
+    };
+    s.npy = ends_with(".npy");
+    RT_REQUIRE(s.npy || ends_with(".h5"), "--out '", cfg.out,
+               "' must end in .h5 (logits, top-k, labels and class names) or .npy (one array)");
+    const Device device = choose_device(cfg.device, comm);
+    s.backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
+    s.loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *s.backend);
+    s.data = std::make_unique<io::Dataset>(cfg.data, /*labels_required=*/false);
+    require_data_fits(*s.loaded.model, s.data->info(), cfg.checkpoint);
+    s.classes = s.loaded.model->classes();
+    s.k = std::min<int64_t>(cfg.top_k, s.classes);
+    s.class_names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
+    if (int64_t(s.class_names.size()) != s.classes) s.class_names.clear();
+    if (comm.rank() == 0) {  // like `mkdir -p` for the output's directory
+      const fs::path parent = fs::path(cfg.out).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) fs::create_directories(parent, ec);
+      RT_REQUIRE(parent.empty() || fs::is_directory(parent), "--out '", cfg.out, "': directory '",
+                 parent.string(), "' cannot be created",
+                 ec ? cat(" (", ec.message(), ")") : std::string());
+      RT_REQUIRE(!fs::is_directory(cfg.out, ec), "--out '", cfg.out,
+                 "' is a directory; expected a file name");
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = s.data->info().num_samples;
+  const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
+  run_or_fail([&] {
+    std::vector<int32_t> labels(s.data->info().has_labels && !s.npy ? size_t(hi - lo) : 0);
+    std::vector<float> scores =
+        forward_slice(*s.loaded.model, *s.data, *s.backend, lo, hi, cfg.batch_size,
+                      normalization_of(s.loaded.meta), labels.empty() ? nullptr : labels.data());
+    if (cfg.probabilities) softmax_rows(scores.data(), hi - lo, s.classes);
+    if (s.npy)
+      write_npy(cfg, s, comm, hi - lo, scores);
+    else
+      write_h5(cfg, s, comm.mpi(), lo, hi - lo, scores, labels);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (comm.rank() == 0)
+    std::printf(
+        "predicted %lld samples of %s with %s (step %lld, %s) into %s: %s of %lld classes%s, "
+        "%.0f samples/s\n",
+        static_cast<long long>(n), cfg.data.c_str(), cfg.checkpoint.c_str(),
+        static_cast<long long>(s.loaded.meta.step), dtype_name(cfg.precision), cfg.out.c_str(),
+        cfg.probabilities ? "probabilities" : "logits", static_cast<long long>(s.classes),
+        s.npy ? "" : cat(", top-", s.k, s.class_names.empty() ? "" : ", class names").c_str(),
+        double(n) / std::max(secs, 1e-9));
+  return 0;
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,135 @@
+// The training recipe's parts of the Trainer's loop: evaluation cadence (--eval-every),
+// the best checkpoint (--keep-best, DIR/best.h5) and early stopping (--early-stop), and the
+// records that describe a run to the programs that read its metrics and TensorBoard files
+// (start with the configuration, stop with the reason).
+#include <hdf5.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include "core/fault_injection.hpp"
+#include "io/hdf5.hpp"
+#include "launch/commands.hpp"
+#include "launch/trainer.hpp"
+#include "ringtrain/config.hpp"
+#include "ringtrain/git_commit.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain::launch {
+namespace {
+
+// "key = value" lines as (key, value) pairs.
+std::vector<std::pair<std::string, std::string>> ini_pairs(const std::string& ini) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(ini);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out.push_back({line.substr(0, eq), line.substr(eq + 3)});
+  }
+  return out;
+}
+
+}  // namespace
+
+void Trainer::eval_if_due(bool epoch_done) {
+  const bool cadence = cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0;
+  if ((epoch_done || cadence) && last_eval_step_ != step_) run_eval();
+}
+
+void Trainer::track_best(double loss, double accuracy) {
+  if (cfg_.keep_best.empty() && cfg_.early_stop == 0) return;
+  // The same sums on every rank (allreduced), so every rank takes the same decisions.
+  const std::string metric = cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best;
+  const double v = metric == "val_loss" ? loss : accuracy;
+  const bool better = best_step_ < 0 || (metric == "val_loss" ? v < best_value_ : v > best_value_);
+  if (better) {
+    best_value_ = v;
+    best_step_ = step_;
+    evals_since_best_ = 0;
+    if (!cfg_.keep_best.empty()) save_best(metric, v);
+    return;
+  }
+  ++evals_since_best_;
+  if (cfg_.early_stop > 0 && evals_since_best_ >= cfg_.early_stop) stop_early_ = true;
+}
+
+void Trainer::save_best(const std::string& metric, double value) {
+  save_checkpoint();  // collective; nothing when this step is already saved
+  maybe_inject_fault("best", step_);
+  if (comm_.rank() != 0) return;
+  // A copy (not a link, so that its attributes are its own), written as best.h5.tmp,
+  // fsync'd and renamed over best.h5: a crash leaves the previous best or the new one.
+  const fs::path dir(cfg_.checkpoint_dir);
+  const std::string src = store_->path_for(step_);
+  const std::string tmp = (dir / "best.h5.tmp").string(), dst = (dir / "best.h5").string();
+  std::error_code ec;
+  fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
+  RT_REQUIRE(!ec, "--keep-best: cannot copy ", src, " to ", tmp, ": ", ec.message(),
+             ec == std::errc::no_space_on_device ? " (the file system is full)" : "");
+  {
+    io::H5Lock lock;
+    io::H5Id f(H5_CHECK(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)));
+    io::write_attr(f, "best_metric", metric);
+    io::write_attr(f, "best_value", value);
+    io::write_attr(f, "best_step", step_);
+    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
+  }
+  io::fsync_path(tmp);
+  fs::rename(tmp, dst, ec);
+  RT_REQUIRE(!ec, "--keep-best: cannot rename ", tmp, " to ", dst, ": ", ec.message());
+  io::fsync_path(cfg_.checkpoint_dir, /*dir=*/true);
+  say(cat("best ", metric, " ", value, " at step ", step_, ": ", dst));
+  metrics_.write(JsonLine()
+                     .add("type", "best")
+                     .add("step", step_)
+                     .add("metric", metric)
+                     .add("value", value)
+                     .add("path", dst));
+}
+
+void Trainer::write_start_record() {
+  if (comm_.rank() != 0) return;
+  std::string versions = version_text();
+  versions.erase(std::remove(versions.begin(), versions.end(), '\0'), versions.end());
+  JsonLine config;
+  for (const auto& [key, value] : ini_pairs(cfg_.config_ini)) config.add(key, value);
+  metrics_.write(JsonLine()
+                     .add("type", "start")
+                     .add("step", step_)
+                     .add("total_steps", total_steps_)
+                     .add("world_size", comm_.size())
+                     .add("nodes", comm_.num_nodes())
+                     .add("global_batch", global_batch_)
+                     .add("micro_batch", micro_batch_)
+                     .add("grad_accum", grad_accum_)
+                     .add("ringtrain_version", RINGTRAIN_VERSION)
+                     .add("git_commit", RINGTRAIN_GIT_COMMIT)
+                     .add("versions", versions)
+                     .add("config", config));
+  if (resumed_) metrics_.write(resume_line_);
+}
+
+void Trainer::write_stop_record(const char* reason, int code) {
+  metrics_.write(JsonLine()
+                     .add("type", "stop")
+                     .add("step", step_)
+                     .add("reason", reason)
+                     .add("exit_code", code)
+                     .add("best_step", best_step_)
+                     .add("best_value", best_value_));
+}
+
+void Trainer::write_tensorboard_config() {
+  if (!tensorboard_) return;
+  const auto pairs = ini_pairs(cfg_.config_ini);
+  tensorboard_->hparams(pairs);
+  std::string table = "| option | value |\n|---|---|\n";
+  for (const auto& [key, value] : pairs) table += cat("| ", key, " | ", value, " |\n");
+  tensorboard_->text("config", step_, table);
+  tensorboard_->flush();
+}
+
+}  // namespace ringtrain::launch
