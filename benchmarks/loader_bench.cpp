@@ -1,10 +1,14 @@
 // loader_bench: is the data loader hidden behind compute? Times the same training steps
-// (MLP forward, loss, backward, AdamW; one rank, one compute thread) three ways in one run:
+// (MLP forward, loss, backward, AdamW; one rank, one compute thread) three ways:
 //   memory    - the batches already in memory (the reference: no I/O at all)
 //   prefetch  - the real Loader with its background thread reading N batches ahead
 //   sync      - the real Loader reading each batch inside the step (--prefetch 0)
-// and prints the step time of each and its ratio to the in-memory reference.
-//   usage: loader_bench --data PATH [--steps N] [--batch N] [--prefetch N] [--json]
+// and, as the bound, the loader alone (reads, no step): what prefetch has to hide. The
+// modes alternate in --rounds rounds, so a slow spell of a shared machine hits each alike;
+// the table prints the median of the rounds and their range, and ratios to the in-memory
+// median.
+//   usage: loader_bench --data PATH [--steps N] [--batch N] [--prefetch N] [--rounds N] [--json]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -41,7 +45,7 @@ struct Bench {
 
 int main(int argc, char** argv) {
   std::string data;
-  int steps = 300, batch = 64, prefetch = 2;
+  int steps = 300, batch = 64, prefetch = 2, rounds = 3;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -54,17 +58,25 @@ int main(int argc, char** argv) {
       batch = std::stoi(next());
     else if (a == "--prefetch")
       prefetch = std::stoi(next());
+    else if (a == "--rounds")
+      rounds = std::stoi(next());
     else if (a == "--json")
       json = true;
     else {
       std::fprintf(
           stderr,
-          "usage: loader_bench --data PATH [--steps N] [--batch N] [--prefetch N] [--json]\n");
+          "usage: loader_bench --data PATH [--steps N] [--batch N] [--prefetch N] [--rounds N] "
+          "[--json]\n");
       return a == "--help" ? 0 : 1;
     }
   }
   if (data.empty()) {
     std::fprintf(stderr, "loader_bench: --data is required\n");
+    return 1;
+  }
+  if (steps < 1 || batch < 1 || prefetch < 0 || rounds < 1) {
+    std::fprintf(stderr,
+                 "loader_bench: --steps, --batch and --rounds must be >= 1 and --prefetch >= 0\n");
     return 1;
   }
   try {
@@ -94,7 +106,6 @@ int main(int argc, char** argv) {
       for (int s = 0; s < steps; ++s) get(s);
       return std::chrono::duration<double>(Clock::now() - t0).count() / steps;
     };
-    const double mem = time_steps([&](int s) { b.step(xs[size_t(s)].view, ys[size_t(s)].view); });
     auto with_loader = [&](int depth) {
       io::Loader loader(ds, 7, batch, 0, 1, io::normalization_of(info), depth);
       return time_steps([&](int) {
@@ -102,21 +113,47 @@ int main(int argc, char** argv) {
         b.step(bt.x, bt.y);
       });
     };
-    const double pre = with_loader(prefetch), sync = with_loader(0);
+    auto read_only = [&] {
+      io::Loader loader(ds, 7, batch, 0, 1, io::normalization_of(info), 0);
+      return time_steps([&](int) { loader.next(); });
+    };
+    // Rounds of all four, alternating; per mode the median and range over the rounds.
+    std::vector<double> mem, pre, sync, read;
+    for (int r = 0; r < rounds; ++r) {
+      mem.push_back(time_steps([&](int s) { b.step(xs[size_t(s)].view, ys[size_t(s)].view); }));
+      pre.push_back(with_loader(prefetch));
+      sync.push_back(with_loader(0));
+      read.push_back(read_only());
+    }
+    struct Stat {
+      double med, lo, hi;
+    };
+    auto stat = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return Stat{v[v.size() / 2], v.front(), v.back()};
+    };
+    const Stat m = stat(mem), p = stat(pre), sy = stat(sync), rd = stat(read);
     if (json) {
       std::printf(
-          "{\"data\":\"%s\",\"batch\":%d,\"steps\":%d,\"memory_ms\":%.4f,\"prefetch\":%d,"
-          "\"prefetch_ms\":%.4f,\"sync_ms\":%.4f,\"prefetch_ratio\":%.4f,\"sync_ratio\":%.4f}\n",
-          data.c_str(), batch, steps, mem * 1e3, prefetch, pre * 1e3, sync * 1e3, pre / mem,
-          sync / mem);
+          "{\"data\":\"%s\",\"batch\":%d,\"steps\":%d,\"rounds\":%d,\"memory_ms\":%.4f,"
+          "\"prefetch\":%d,\"prefetch_ms\":%.4f,\"sync_ms\":%.4f,\"read_only_ms\":%.4f,"
+          "\"prefetch_ratio\":%.4f,\"sync_ratio\":%.4f,\"read_only_ratio\":%.4f}\n",
+          data.c_str(), batch, steps, rounds, m.med * 1e3, prefetch, p.med * 1e3, sy.med * 1e3,
+          rd.med * 1e3, p.med / m.med, sy.med / m.med, rd.med / m.med);
     } else {
-      std::printf("# step time of the MLP (batch %d, 1 rank, 1 compute thread), %d steps each\n",
-                  batch, steps);
-      std::printf("%-22s %10s %8s\n", "data source", "ms/step", "ratio");
-      std::printf("%-22s %10.3f %8.3f\n", "in memory (reference)", mem * 1e3, 1.0);
-      std::printf("%-22s %10.3f %8.3f\n", ("loader, prefetch " + std::to_string(prefetch)).c_str(),
-                  pre * 1e3, pre / mem);
-      std::printf("%-22s %10.3f %8.3f\n", "loader, prefetch 0", sync * 1e3, sync / mem);
+      std::printf(
+          "# step time of the MLP (batch %d, 1 rank, 1 compute thread), %d steps each, median of "
+          "%d rounds\n",
+          batch, steps, rounds);
+      std::printf("%-24s %10s %8s %18s\n", "data source", "ms/step", "ratio", "range (ms)");
+      auto row = [&](const std::string& name, const Stat& s) {
+        std::printf("%-24s %10.3f %8.3f %8.3f-%-8.3f\n", name.c_str(), s.med * 1e3, s.med / m.med,
+                    s.lo * 1e3, s.hi * 1e3);
+      };
+      row("in memory (reference)", m);
+      row("loader, prefetch " + std::to_string(prefetch), p);
+      row("loader, prefetch 0", sy);
+      row("loader alone (no step)", rd);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loader_bench: %s\n", e.what());

@@ -129,24 +129,28 @@ std::string impossible_meta(const CheckpointMeta& m) {
 }
 
 std::string impossible_values(const std::string& name, const float* v, int64_t n) {
-  // NaN and inf have every exponent bit set: one vectorisable integer OR over the values,
-  // and only when it finds one is the first bad index looked for.
-  uint32_t non_finite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, 4);
-    non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (non_finite)
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(v[i])) return cat("/", name, " holds ", v[i], " at index ", i);
   const auto ends_with = [&](const char* tail) {
     const size_t k = std::strlen(tail);
     return name.size() >= k && name.compare(name.size() - k, k, tail) == 0;
   };
-  if (ends_with("exp_avg_sq") || ends_with("running_var"))  // averages of squares
-    for (int64_t i = 0; i < n; ++i)
-      if (v[i] < 0) return cat("/", name, " holds ", v[i], " at index ", i, "; expected >= 0");
+  const bool squares = ends_with("exp_avg_sq") || ends_with("running_var");  // must be >= 0
+  // NaN and inf have every exponent bit set, and a value below 0 has the sign bit and a
+  // non-zero magnitude (bits above 0x80000000): one vectorisable integer OR over the values
+  // finds either, and only when it does is the first bad index looked for. One pass
+  // matters: on a save, this scan cost as much as the file system's copy of the data.
+  const uint32_t negative_above = squares ? 0x80000000u : 0xffffffffu;
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u) | uint32_t(bits > negative_above);
+  }
+  if (!bad) return "";
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return cat("/", name, " holds ", v[i], " at index ", i);
+    if (squares && v[i] < 0)
+      return cat("/", name, " holds ", v[i], " at index ", i, "; expected >= 0");
+  }
   return "";
 }
 

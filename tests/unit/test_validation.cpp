@@ -111,6 +111,16 @@ TEST_F(ValidationTest, ImpossibleValuesNameTheTensorAndIndex) {
             "/optimizer/fc.weight/exp_avg_sq holds -2 at index 2; expected >= 0");
   EXPECT_EQ(impossible_values("buffers/bn.running_var", v.data(), 4),
             "/buffers/bn.running_var holds -2 at index 2; expected >= 0");
+  // -0 is not below 0; the smallest negative subnormal is; the first bad index is named
+  // whichever kind of bad value comes first.
+  std::vector<float> sq = {0.f, -0.f, 1.f, 2.f};
+  EXPECT_EQ(impossible_values("optimizer/fc.weight/exp_avg_sq", sq.data(), 4), "");
+  sq[3] = -std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(impossible_values("optimizer/fc.weight/exp_avg_sq", sq.data(), 4),
+            "/optimizer/fc.weight/exp_avg_sq holds -1.4013e-45 at index 3; expected >= 0");
+  sq[2] = kNaN;
+  EXPECT_EQ(impossible_values("optimizer/fc.weight/exp_avg_sq", sq.data(), 4),
+            "/optimizer/fc.weight/exp_avg_sq holds nan at index 2");
   // The last element of a length that is not a multiple of any vector width.
   std::vector<float> odd(37, 1.f);
   odd[36] = kInf;
