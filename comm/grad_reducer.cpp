@@ -128,8 +128,8 @@ void GradReducer::gather(size_t b) {
   // After every reduction of the step in the stall watch's order of positions, so that a
   // rank still reducing counts as behind one that gathers.
   watch_.enter(step_, int64_t(buckets_.size() + b), "weight all-gather", int64_t(b));
-  comm_.allgatherv(gather_.slice(k.offset, {k.count}).data, cfg_.shards.counts_in(k.offset, k.count),
-                   gather_.dtype);
+  comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
+                   cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
   watch_.leave();
   const auto t1 = Clock::now();
   gather_s_ += std::chrono::duration<double>(t1 - t0).count();

@@ -110,8 +110,8 @@ class GradReducer {
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;
-  size_t ready_ = 0;  // buckets 0..ready_-1 may be reduced
-  size_t done_ = 0;   // buckets 0..done_-1 are reduced
+  size_t ready_ = 0;                        // buckets 0..ready_-1 may be reduced
+  size_t done_ = 0;                         // buckets 0..done_-1 are reduced
   size_t gather_ready_ = 0, gathered_ = 0;  // the same for the all-gather
   bool stop_ = false;
   std::exception_ptr error_;

@@ -34,9 +34,10 @@ class ShardLayout {
   int64_t count(int r) const { return end(r) - begin(r); }
   // Each rank's number of elements of [offset, offset + n), in rank order.
   std::vector<int64_t> counts_in(int64_t offset, int64_t n) const {
-    std::vector<int64_t> c(size_t(world()));
+    std::vector<int64_t> c(static_cast<size_t>(world()));
     for (int r = 0; r < world(); ++r)
-      c[size_t(r)] = std::max<int64_t>(0, std::min(end(r), offset + n) - std::max(begin(r), offset));
+      c[size_t(r)] =
+          std::max<int64_t>(0, std::min(end(r), offset + n) - std::max(begin(r), offset));
     return c;
   }
 
