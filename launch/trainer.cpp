@@ -380,7 +380,8 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
 }
 
 Trainer::StepOutcome Trainer::step_once() {
-  if (cfg_.test_stall_rank == comm_.rank() && cfg_.test_stall_step == step_ + 1) {
+  if (!cfg_.test_stall_gather && cfg_.test_stall_rank == comm_.rank() &&
+      cfg_.test_stall_step == step_ + 1) {
     // Test-only: hold this rank back so the others' stall detection fires.
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
   }
