@@ -491,8 +491,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
     char point[16] = {0};
     const int got =
         std::sscanf(t, "%d:%lld:%lf:%15s", &c.test_stall_rank, &step, &c.test_stall_seconds, point);
-    RT_REQUIRE((got == 3 || (got == 4 && std::string(point) == "gather")),
-               "RINGTRAIN_TEST_STALL='", t, "' is not RANK:STEP:SECONDS[:gather]");
+    RT_REQUIRE((got == 3 || (got == 4 && std::string(point) == "gather")), "RINGTRAIN_TEST_STALL='",
+               t, "' is not RANK:STEP:SECONDS[:gather]");
     c.test_stall_gather = got == 4;
     c.test_stall_step = step;
   }
