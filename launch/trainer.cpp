@@ -578,12 +578,12 @@ int Trainer::run() {
           grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
-          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string()));
+          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
+          "; ", memory_report()));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model ",
           model_->spec().to_json(), " with ", model_->num_params(), " parameters; ",
           loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
-  say(memory_report());
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);
   write_start_record();
