@@ -1,4 +1,5 @@
-// Bucketed, overlapped gradient allreduce (see grad_reducer.hpp).
+// Bucketed, overlapped gradient allreduce or reduce-scatter, and ZeRO's all-gather of the
+// working weights (see grad_reducer.hpp).
 #include "comm/grad_reducer.hpp"
 
 #include <chrono>
@@ -17,6 +18,10 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
                          const std::vector<size_t>& groups)
     : comm_(comm), cfg_(cfg), grad_(grad), watch_(ControlChannel::instance(), cfg.stall_timeout_s) {
   RT_REQUIRE(cfg.bucket_bytes > 0, "--bucket-mb must be positive");
+  RT_CHECK(cfg.shards.empty() ||
+               (cfg.shards.world() == comm.size() && cfg.shards.total() == grad.numel()),
+           "shard layout of ", cfg.shards.total(), " elements over ", cfg.shards.world(),
+           " ranks for a gradient of ", grad.numel(), " on ", comm.size(), " ranks");
   if (cfg.wire == grad.dtype) {
     wire_ = grad;  // reduce in place
   } else {
@@ -70,7 +75,8 @@ void GradReducer::start_step(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
   ready_ = done_ = 0;
-  comm_s_ = 0;
+  gather_ready_ = gathered_ = 0;
+  comm_s_ = gather_s_ = 0;
   spans_.clear();
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
 }
@@ -103,33 +109,86 @@ void GradReducer::reduce(size_t b) {
   }
   maybe_inject_fault("reduce", step_);
   watch_.enter(step_, int64_t(b));
-  comm_.allreduce(wire_.slice(k.offset, {k.count}).data, k.count, wire_.dtype, ReduceOp::sum);
+  void* bucket = wire_.slice(k.offset, {k.count}).data;
+  if (cfg_.shards.empty())
+    comm_.allreduce(bucket, k.count, wire_.dtype, ReduceOp::sum);
+  else
+    comm_.reduce_scatter(bucket, cfg_.shards.counts_in(k.offset, k.count), wire_.dtype,
+                         ReduceOp::sum);
   watch_.leave();
   const auto t1 = Clock::now();
   comm_s_ += std::chrono::duration<double>(t1 - t0).count();
   spans_.push_back({b, t0, t1});
 }
 
+void GradReducer::gather(size_t b) {
+  const Bucket& k = buckets_[b];
+  const auto t0 = Clock::now();
+  maybe_inject_fault("gather", step_);
+  // After every reduction of the step in the stall watch's order of positions, so that a
+  // rank still reducing counts as behind one that gathers.
+  watch_.enter(step_, int64_t(buckets_.size() + b), "weight all-gather", int64_t(b));
+  comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
+                   cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
+  watch_.leave();
+  const auto t1 = Clock::now();
+  gather_s_ += std::chrono::duration<double>(t1 - t0).count();
+  spans_.push_back({b, t0, t1, true});
+}
+
 void GradReducer::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || done_ < ready_; });
+    cv_.wait(lock, [&] { return stop_ || done_ < ready_ || gathered_ < gather_ready_; });
     if (stop_) return;
-    const size_t b = done_;
+    // Reductions first: the all-gather of a step starts only after finish().
+    const bool reducing = done_ < ready_;
+    const size_t b = reducing ? done_ : gathered_;
     lock.unlock();
     try {
-      reduce(b);
+      reducing ? reduce(b) : gather(b);
     } catch (...) {
       lock.lock();
       error_ = std::current_exception();
-      done_ = buckets_.size();
+      done_ = gathered_ = buckets_.size();
       cv_.notify_all();
       return;
     }
     lock.lock();
-    ++done_;
+    ++(reducing ? done_ : gathered_);
     cv_.notify_all();
   }
+}
+
+void GradReducer::start_gather(Tensor work) {
+  RT_CHECK(sharded(), "all-gather of the working weights without a shard layout");
+  RT_CHECK(work.numel() == grad_.numel(), "all-gather of ", work.numel(), " elements over ",
+           grad_.numel());
+  std::lock_guard<std::mutex> lock(mu_);
+  gather_ = work;
+  gather_ready_ = gathered_ = 0;
+}
+
+void GradReducer::gather_ready(size_t bucket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RT_CHECK(bucket == gather_ready_, "bucket ", bucket, " ready to gather before bucket ",
+           gather_ready_);
+  ++gather_ready_;
+  cv_.notify_all();
+}
+
+double GradReducer::finish_gather() {
+  const auto t0 = Clock::now();
+  if (!cfg_.overlap) {  // the same buckets in the same order, after the optimizer
+    for (size_t b = 0; b < buckets_.size(); ++b) gather(b);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  gather_ready_ = buckets_.size();
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return gathered_ == buckets_.size(); });
+  if (error_) std::rethrow_exception(error_);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 double GradReducer::finish() {

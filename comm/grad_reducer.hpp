@@ -5,6 +5,11 @@
 // adding in fp32 and rounding once. finish() waits for what is still in flight. The same
 // buckets are reduced in the same order with overlap on or off, so both give bitwise
 // identical sums.
+// With a ShardLayout (ZeRO-1) each bucket is reduce-scattered instead: rank r receives the
+// sum of its shard's part of the bucket (the same bytes on the wire as the allreduce, half
+// of them now and half in the all-gather). After the optimizer has updated a bucket's
+// shard of the working weights, gather_ready() hands the bucket to the same communication
+// thread, which all-gathers it while the optimizer goes on with the next bucket.
 #pragma once
 
 #include <chrono>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/shard_layout.hpp"
 #include "comm/stall.hpp"
 #include "core/tensor.hpp"
 
@@ -33,6 +39,9 @@ struct ReducerConfig {
   // gradient and wire buffers), called on whichever thread reduces the bucket. Empty: the
   // host conversion helpers, which need host buffers; device buffers pass a device cast.
   std::function<void(const Tensor& src, const Tensor& dst)> cast;
+  // ZeRO-1: the partition of the flat buffer into this communicator's ranks' shards; empty:
+  // every bucket is allreduced.
+  ShardLayout shards;
 };
 
 struct Bucket {
@@ -57,20 +66,33 @@ class GradReducer {
   void start_step(int64_t step);
   // Backward wrote parameter i's gradient (call in any order, each once per step).
   void mark_ready(size_t param);
-  // Every bucket reduced: result() holds the sum over ranks (wire dtype). Returns the
-  // seconds this call waited (the communication not hidden by compute).
+  // Every bucket reduced: result() holds the sum over ranks (wire dtype); with shards, only
+  // this rank's shard of it is the sum. Returns the seconds this call waited (the
+  // communication not hidden by compute).
   double finish();
   Tensor result() const { return wire_; }
   double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
+  // ZeRO-1, after finish(): all-gathers `work` (the flat working weights, any dtype) bucket
+  // by bucket, bucket b once gather_ready(b) was called (in bucket order, after this rank
+  // updated its shard of the bucket). finish_gather() waits for the last bucket and returns
+  // the seconds it waited.
+  void start_gather(Tensor work);
+  void gather_ready(size_t bucket);
+  double finish_gather();
+  double gather_seconds() const { return gather_s_; }  // summed over the last step's buckets
+  bool sharded() const { return !cfg_.shards.empty(); }
   struct Span {
     size_t bucket;
     std::chrono::steady_clock::time_point begin, end;
+    bool gather = false;  // an all-gather of the working weights, not a reduction
   };
-  // The last step's bucket allreduces (cast included), in order; valid after finish().
+  // The last step's bucket allreduces (cast included), then its bucket all-gathers, in
+  // order; valid after finish() (and finish_gather()).
   const std::vector<Span>& spans() const { return spans_; }
 
  private:
-  void reduce(size_t b);  // one bucket: cast to wire, allreduce
+  void reduce(size_t b);  // one bucket: cast to wire, allreduce (or reduce-scatter)
+  void gather(size_t b);  // one bucket of the working weights: all-gather
   void run();             // the communication thread
 
   Communicator& comm_;
@@ -82,13 +104,15 @@ class GradReducer {
   std::vector<size_t> pending_;    // parameters still to come, per bucket
   StallWatch watch_;
   int64_t step_ = 0;
-  double comm_s_ = 0;
+  double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;
+  Tensor gather_;  // the working weights of the step's all-gather
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;
-  size_t ready_ = 0;  // buckets 0..ready_-1 may be reduced
-  size_t done_ = 0;   // buckets 0..done_-1 are reduced
+  size_t ready_ = 0;                        // buckets 0..ready_-1 may be reduced
+  size_t done_ = 0;                         // buckets 0..done_-1 are reduced
+  size_t gather_ready_ = 0, gathered_ = 0;  // the same for the all-gather
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;

@@ -29,12 +29,14 @@ StallWatch::~StallWatch() {
   if (thread_.joinable()) thread_.join();
 }
 
-void StallWatch::enter(int64_t step, int64_t bucket) {
-  if (channel_) channel_->arrive(step, bucket);
+void StallWatch::enter(int64_t step, int64_t position, const char* what, int64_t bucket) {
+  if (channel_) channel_->arrive(step, position);
   std::lock_guard<std::mutex> lock(mu_);
   inside_ = true;
   step_ = step;
-  bucket_ = bucket;
+  position_ = position;
+  bucket_ = bucket < 0 ? position : bucket;
+  what_ = what;
   since_ = std::chrono::steady_clock::now();
   cv_.notify_all();
 }
@@ -54,16 +56,17 @@ void StallWatch::watch() {
     if (waited < timeout_s_) continue;
     // A rank that failed is ending the job; its message is the one that counts.
     if (channel_ && channel_->failure_elsewhere()) continue;
-    const int64_t step = step_, bucket = bucket_;
+    const int64_t step = step_, position = position_, bucket = bucket_;
+    const char* what = what_;
     lock.unlock();
-    const std::string behind = channel_ ? channel_->behind(step, bucket, kAnswerSeconds) : "";
+    const std::string behind = channel_ ? channel_->behind(step, position, kAnswerSeconds) : "";
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     const std::string message =
         cat("stall: rank ", rank, " on ", host, " has waited ", int64_t(waited),
-            " s (--stall-timeout) in the gradient allreduce of step ", step, " bucket ", bucket,
+            " s (--stall-timeout) in the ", what, " of step ", step, " bucket ", bucket,
             "; not arrived: ",
             behind.empty() ? (channel_ ? "(none behind: a network or MPI problem)"
                                        : "(the other ranks could not be asked)")

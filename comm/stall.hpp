@@ -23,8 +23,11 @@ class StallWatch {
   ~StallWatch();
   StallWatch(const StallWatch&) = delete;
   StallWatch& operator=(const StallWatch&) = delete;
-  // Around every wait in a collective of the gradient path.
-  void enter(int64_t step, int64_t bucket);
+  // Around every wait in a collective of the gradient path. `position` orders the waits of
+  // a step (the control channel compares ranks by it); `what` and `bucket` name the wait in
+  // the message (bucket < 0: the position is the bucket).
+  void enter(int64_t step, int64_t position, const char* what = "gradient allreduce",
+             int64_t bucket = -1);
   void leave();
 
  private:
@@ -34,7 +37,8 @@ class StallWatch {
   std::mutex mu_;
   std::condition_variable cv_;
   bool inside_ = false, stop_ = false;
-  int64_t step_ = 0, bucket_ = 0;
+  int64_t step_ = 0, position_ = 0, bucket_ = 0;
+  const char* what_ = "";
   std::chrono::steady_clock::time_point since_;
   std::thread thread_;
 };

@@ -2,7 +2,8 @@
 // runtime error (exit 2) when it reaches POINT (at step STEP, or the first time when no step
 // is given). The end-to-end tests use it to prove that an error at any point of the loop, on
 // any rank, ends every rank with one message (tests/e2e/failures.sh). Points: read (the
-// loader thread), forward, backward, reduce (the communication thread), optimizer, eval,
+// loader thread), forward, backward, reduce (the communication thread), gather (--zero 1's
+// all-gather, the communication thread), optimizer, eval,
 // save (between collective writes of a checkpoint), metrics (rank 0's metrics writer).
 #pragma once
 

@@ -178,9 +178,14 @@ namespace {
 
 // Reads the fp32 dataset `name` into t and rejects impossible values (input error naming
 // the file and the tensor).
-void read_checked(hid_t f, const std::string& path, const std::string& name, const Tensor& t) {
+void read_checked(hid_t f, const std::string& path, const std::string& name,
+                  const NamedTensor& nt) {
   const std::string what = cat("checkpoint '", path, "'");
-  read_dataset(f, name, t, what);
+  const Tensor& t = nt.tensor;
+  if (nt.full_shape.empty())
+    read_dataset(f, name, t, what);
+  else
+    read_dataset_part(f, name, nt.full_shape, nt.part_offset, t, what);
   const std::string bad = impossible_values(name, static_cast<const float*>(t.data), t.numel());
   RT_REQUIRE(bad.empty(), what, " is damaged: ", bad);
 }
@@ -190,13 +195,13 @@ void read_checked(hid_t f, const std::string& path, const std::string& name, con
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& p : params) read_checked(f, path, "params/" + p.name, p.tensor);
+  for (const auto& p : params) read_checked(f, path, "params/" + p.name, p);
 }
 
 void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& b : buffers) read_checked(f, path, "buffers/" + b.name, b.tensor);
+  for (const auto& b : buffers) read_checked(f, path, "buffers/" + b.name, b);
 }
 
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states) {
@@ -204,7 +209,7 @@ void read_checkpoint_optimizer(const std::string& path, const std::vector<Optimi
   H5Id f = open_file_readonly(path, "checkpoint");
   for (const auto& s : states)
     for (const auto& p : s.per_param)
-      read_checked(f, path, "optimizer/" + p.name + "/" + s.state, p.tensor);
+      read_checked(f, path, "optimizer/" + p.name + "/" + s.state, p);
 }
 
 namespace {
@@ -245,8 +250,8 @@ bool validate_checkpoint(const std::string& path, std::string* why,
     for (const auto& p : expected) {
       RT_REQUIRE(has_link(f, p.name), "it has no dataset /", p.name);
       H5Id ds = open_dataset(f, p.name);
-      RT_REQUIRE(dataset_dtype(ds) == DType::f32 && dataset_shape(ds) == p.tensor.shape, "/",
-                 p.name, " is not fp32 ", shape_str(p.tensor.shape));
+      RT_REQUIRE(dataset_dtype(ds) == DType::f32 && dataset_shape(ds) == p.logical_shape(), "/",
+                 p.name, " is not fp32 ", shape_str(p.logical_shape()));
     }
     std::string problem;
     if (H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, read_all, &problem, H5O_INFO_BASIC) < 0) {

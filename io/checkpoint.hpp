@@ -42,8 +42,17 @@ struct CheckpointMeta {
 };
 
 struct NamedTensor {
+  NamedTensor() = default;
+  NamedTensor(std::string n, Tensor t, Shape full = {}, int64_t offset = 0)
+      : name(std::move(n)), tensor(t), full_shape(std::move(full)), part_offset(offset) {}
   std::string name;  // "<layer>.<param>"
-  Tensor tensor;     // fp32
+  Tensor tensor;     // fp32: the whole tensor, or with full_shape this rank's part of it
+  // A sharded tensor (ZeRO-1): `tensor` holds the flat elements [part_offset, part_offset +
+  // tensor.numel()) of the row-major tensor of shape full_shape, which is what the file
+  // stores. Empty: `tensor` is whole.
+  Shape full_shape;
+  int64_t part_offset = 0;
+  const Shape& logical_shape() const { return full_shape.empty() ? tensor.shape : full_shape; }
 };
 
 struct OptimizerState {
@@ -68,6 +77,7 @@ void require_finite_for_save(const CheckpointMeta& meta, const std::vector<Named
                              const std::vector<NamedTensor>& buffers = {});
 // Fill each tensor from /params/<name> (or /optimizer/<name>/<state>), checking shapes and
 // values (input error naming the file and tensor when impossible_values finds a problem).
+// A sharded NamedTensor reads only its part.
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params);
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states);
 // Fills each tensor from /buffers/<name> (non-trainable state such as BatchNorm's running
@@ -99,8 +109,10 @@ class CheckpointStore {
   // each writes its share of whole chunks of every dataset, so replicated state is written
   // once, by all ranks together. `per_rank` holds this rank's row of datasets of shape
   // [W, ...] ("rng/streams" -> /rng/streams), each rank writing its own row. `buffers`
-  // (replicated, like params) go to /buffers/<name>. With MPI_COMM_NULL the calling
-  // process writes alone (serial HDF5).
+  // (replicated, like params) go to /buffers/<name>. A sharded tensor (NamedTensor with
+  // full_shape) is written by each rank as its hyperslab of the full-shape dataset; the
+  // ranks' parts must cover it. With MPI_COMM_NULL the calling process writes alone
+  // (serial HDF5).
   uint64_t save(MPI_Comm comm, const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
                 const std::vector<OptimizerState>& optimizer,
                 const std::vector<NamedTensor>& per_rank = {},

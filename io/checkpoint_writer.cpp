@@ -2,7 +2,8 @@
 // parallel HDF5 (MPI-IO driver, collective metadata, collective transfers, objects aligned
 // to the file system's block). Every dataset is chunked (about 1 MiB, chunks of equal rows)
 // with Fletcher32 checksums; rank r of W writes the r-th W-th of the chunks of each
-// replicated dataset, and its own row of each per-rank dataset. Then rank 0 fsyncs the
+// replicated dataset, its own row of each per-rank dataset, and its part of each sharded one
+// (ZeRO-1's optimizer state: hyperslabs of the same full-shape dataset). Then rank 0 fsyncs the
 // .tmp file, renames it into place, fsyncs the directory and prunes old checkpoints.
 #include <sys/statvfs.h>
 
@@ -53,20 +54,41 @@ class Writer {
     return H5Id(f);
   }
 
+  // Equal chunks of about kChunkBytes along the first dimension: the rows of one chunk.
+  static hsize_t chunk_rows_of(const Shape& shape, DType dtype) {
+    const hsize_t rows = hsize_t(shape[0]);
+    const hsize_t row_bytes =
+        hsize_t(shape_numel(shape)) * dtype_size(dtype) / std::max<hsize_t>(rows, 1);
+    const hsize_t chunks_needed =
+        std::max<hsize_t>(1, (rows * row_bytes + kChunkBytes - 1) / kChunkBytes);
+    return std::max<hsize_t>(1, (rows + chunks_needed - 1) / chunks_needed);
+  }
+
   // A dataset of t's shape; every rank passes the same (replicated) values.
   void replicated(hid_t loc, const std::string& name, const Tensor& t) const {
     Shape shape = t.shape.empty() ? Shape{1} : t.shape;
     const hsize_t rows = hsize_t(shape[0]);
-    const hsize_t row_bytes = hsize_t(t.bytes()) / std::max<hsize_t>(rows, 1);
-    // Equal chunks of about kChunkBytes: ceil(rows / chunks_needed) rows each.
-    const hsize_t chunks_needed =
-        std::max<hsize_t>(1, (rows * row_bytes + kChunkBytes - 1) / kChunkBytes);
-    const hsize_t chunk_rows = std::max<hsize_t>(1, (rows + chunks_needed - 1) / chunks_needed);
+    const hsize_t chunk_rows = chunk_rows_of(shape, t.dtype);
     const hsize_t nchunks = rows == 0 ? 0 : (rows + chunk_rows - 1) / chunk_rows;
     const hsize_t c_lo = nchunks * hsize_t(rank_) / hsize_t(size_);
     const hsize_t c_hi = nchunks * hsize_t(rank_ + 1) / hsize_t(size_);
     write(loc, name, t, shape, chunk_rows, std::min(rows, c_lo * chunk_rows),
           std::min(rows, c_hi * chunk_rows));
+  }
+
+  // A sharded tensor: the full-shape dataset (chunked as if replicated), of which this rank
+  // writes its part, the flat range [part_offset, part_offset + numel) as hyperslabs.
+  void sharded(hid_t loc, const std::string& name, const NamedTensor& nt) const {
+    const Shape shape = nt.full_shape;
+    const Tensor& t = nt.tensor;
+    H5Id ds = create(loc, name, t.dtype, shape, chunk_rows_of(shape, t.dtype));
+    if (shape_numel(shape) == 0) return;
+    H5Id fspace(H5_CHECK(H5Dget_space(ds)));
+    select_flat_range(fspace, shape, nt.part_offset, t.numel());
+    const hsize_t mdims[1] = {hsize_t(std::max<int64_t>(t.numel(), 1))};
+    H5Id mspace(H5_CHECK(H5Screate_simple(1, mdims, nullptr)));
+    if (t.numel() == 0) H5_CHECK(H5Sselect_none(mspace));  // still a collective transfer
+    H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), mspace, fspace, dxpl_, t.data));
   }
 
   // A dataset [W, row...] of which this rank writes row `rank`.
@@ -81,6 +103,23 @@ class Writer {
  private:
   // Creates name with `shape`, chunked by chunk_rows along the first dimension, Fletcher32,
   // and writes rows [lo, hi) of it from t.data (which views the whole dataset).
+  // Creates name with `shape`, chunked by chunk_rows along the first dimension, Fletcher32.
+  H5Id create(hid_t loc, const std::string& name, DType dtype, const Shape& shape,
+              hsize_t chunk_rows) const {
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    H5Id fspace(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
+    H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::max<hsize_t>(1, std::min(chunk_rows, dims[0]));
+    if (shape_numel(shape) != 0) {
+      H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
+      H5_CHECK(H5Pset_fletcher32(dcpl));
+      H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    }
+    return H5Id(H5_CHECK(
+        H5Dcreate2(loc, name.c_str(), h5_type(dtype), fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+  }
+
   void write(hid_t loc, const std::string& name, const Tensor& t, const Shape& shape,
              hsize_t chunk_rows, hsize_t lo, hsize_t hi) const {
     std::vector<hsize_t> dims(shape.begin(), shape.end());
@@ -183,7 +222,10 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       for (const auto& p : s.per_param) {
         const std::string name = "optimizer/" + p.name + "/" + s.state;
         ensure_parents(f, name);
-        w.replicated(f, name, p.tensor);
+        if (p.full_shape.empty())
+          w.replicated(f, name, p.tensor);
+        else
+          w.sharded(f, name, p);
       }
     H5Id ls(H5_CHECK(H5Gopen2(f, "loss_scaler", H5P_DEFAULT)));
     write_attr(ls, "scale", m.loss_scale);

@@ -335,6 +335,70 @@ void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const s
              "); the file may be corrupt");
 }
 
+namespace {
+// Adds (OR) the flat range [lo, lo + n) below dimension d to the selection; the dimensions
+// before d are fixed at start[k] (count 1).
+void add_flat_range(hid_t space, const std::vector<hsize_t>& dims, size_t d,
+                    std::vector<hsize_t>& start, std::vector<hsize_t>& count, hsize_t lo,
+                    hsize_t n) {
+  if (n == 0) return;
+  hsize_t inner = 1;
+  for (size_t k = d + 1; k < dims.size(); ++k) inner *= dims[k];
+  const hsize_t off = lo % inner;
+  if (off != 0 || n < inner) {  // a partial first row: recurse into it
+    const hsize_t head = std::min(n, inner - off);
+    start[d] = lo / inner;
+    count[d] = 1;
+    add_flat_range(space, dims, d + 1, start, count, off, head);
+    lo += head;
+    n -= head;
+  }
+  if (n >= inner) {  // whole rows
+    start[d] = lo / inner;
+    count[d] = n / inner;
+    for (size_t k = d + 1; k < dims.size(); ++k) {
+      start[k] = 0;
+      count[k] = dims[k];
+    }
+    H5_CHECK(
+        H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
+    lo += count[d] * inner;
+    n -= count[d] * inner;
+  }
+  if (n > 0) {  // a partial last row
+    start[d] = lo / inner;
+    count[d] = 1;
+    add_flat_range(space, dims, d + 1, start, count, 0, n);
+  }
+}
+}  // namespace
+
+void select_flat_range(hid_t space, const Shape& shape, int64_t lo, int64_t n) {
+  H5_CHECK(H5Sselect_none(space));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  if (dims.empty()) dims = {1};
+  std::vector<hsize_t> start(dims.size(), 0), count(dims.size(), 1);
+  add_flat_range(space, dims, 0, start, count, hsize_t(lo), hsize_t(n));
+}
+
+void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,
+                       const Tensor& dst, const std::string& what) {
+  RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");
+  H5Id ds = open_dataset(loc, name);
+  const Shape have = dataset_shape(ds);
+  RT_REQUIRE(have == shape, what, ": dataset '", name, "' has shape ", shape_str(have),
+             "; expected ", shape_str(shape));
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  H5Id fspace(H5_CHECK(H5Dget_space(ds)));
+  select_flat_range(fspace, shape, lo, n);
+  const hsize_t mdims[1] = {hsize_t(n)};
+  H5Id mspace(H5_CHECK(H5Screate_simple(1, mdims, nullptr)));
+  herr_t rc = H5Dread(ds, h5_type(dst.dtype), mspace, fspace, H5P_DEFAULT, dst.data);
+  RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
+             "); the file may be corrupt");
+}
+
 void fsync_path(const std::string& path, bool dir) {
   int fd = ::open(path.c_str(), O_RDONLY);
   RT_CHECK(fd >= 0, "open '", path, "' for fsync: ", std::strerror(errno));

@@ -119,6 +119,13 @@ void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t 
 // Reads a whole dataset into dst, whose shape and dtype it must have (else input error
 // naming `what`, e.g. the file).
 void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const std::string& what);
+// Selects in `space` (a dataspace of row-major `shape`) the flat elements [lo, lo + n), as a
+// union of at most 2 x rank - 1 hyperslabs: a rank's part of a sharded tensor.
+void select_flat_range(hid_t space, const Shape& shape, int64_t lo, int64_t n);
+// Reads the flat elements [lo, lo + dst.numel()) of dataset `name` of shape `shape` into dst
+// (input error naming `what` when the dataset is missing, misshapen or unreadable).
+void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,
+                       const Tensor& dst, const std::string& what);
 
 // Flushes a closed file's data to stable storage (open + fsync + close); also fsyncs the
 // directory that holds it when `dir` is true.

@@ -375,6 +375,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("wire-dtype", po::value(&wire), "fp32 | fp16 | bf16 gradients on the wire (default: the compute dtype)")
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
+      ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -493,6 +494,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
     c.wire_dtype_given = true;
   }
   c.overlap = !no_overlap;
+  RT_REQUIRE(c.zero == 0 || c.zero == 1, "--zero ", c.zero, " is not valid; expected 0 or 1");
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");
@@ -507,8 +509,12 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              " is not valid: must be >= 0");
   if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
     long long step = 0;
-    RT_REQUIRE(std::sscanf(t, "%d:%lld:%lf", &c.test_stall_rank, &step, &c.test_stall_seconds) == 3,
-               "RINGTRAIN_TEST_STALL='", t, "' is not RANK:STEP:SECONDS");
+    char point[16] = {0};
+    const int got =
+        std::sscanf(t, "%d:%lld:%lf:%15s", &c.test_stall_rank, &step, &c.test_stall_seconds, point);
+    RT_REQUIRE((got == 3 || (got == 4 && std::string(point) == "gather")), "RINGTRAIN_TEST_STALL='",
+               t, "' is not RANK:STEP:SECONDS[:gather]");
+    c.test_stall_gather = got == 4;
     c.test_stall_step = step;
   }
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;

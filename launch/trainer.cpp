@@ -76,8 +76,19 @@ std::vector<io::OptimizerState> Trainer::optimizer_views() const {
   std::vector<io::OptimizerState> states;
   for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
     io::OptimizerState st{optimizer_->state_names()[s], {}};
-    for (auto& p : model_->params())
-      st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+    for (auto& p : model_->params()) {
+      if (shards_.empty()) {
+        st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+        continue;
+      }
+      // --zero 1: this rank's part of the parameter (possibly none), at its shard offset.
+      const int64_t lo = std::max(p.offset, shards_.begin(comm_.rank()));
+      const int64_t hi =
+          std::max(lo, std::min(p.offset + p.master.numel(), shards_.end(comm_.rank())));
+      st.per_param.push_back(
+          {p.name, optimizer_->state(s).slice(lo - shards_.begin(comm_.rank()), {hi - lo}), p.shape,
+           lo - p.offset});
+    }
     states.push_back(std::move(st));
   }
   return states;
@@ -139,7 +150,9 @@ void Trainer::setup() {
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
-  optimizer_ = make_optimizer(cfg_.optimizer, model_->num_params());
+  if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
+  optimizer_ = make_optimizer(cfg_.optimizer,
+                              cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
   set_decay_groups();
   LossScalerConfig ls = cfg_.loss_scale;
   if (cfg_.precision == DType::f32 && ls.dynamic) {
@@ -164,19 +177,47 @@ void Trainer::setup() {
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
-  grad32_storage_ =
-      cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(model_->num_params()) * 4);
-  grad32_ = cfg_.precision == DType::f32 ? model_->grad()
-                                         : Tensor(grad32_storage_.data(), {model_->num_params()},
-                                                  DType::f32, grad32_storage_.device());
+  // fp16/bf16: the fp32 gradient the optimizer reads (--zero 1: this rank's shard of it).
+  const int64_t g32 = cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params();
+  grad32_storage_ = cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(g32) * 4);
+  grad32_ = cfg_.precision == DType::f32
+                ? model_->grad()
+                : Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device());
+  RT_REQUIRE(!cfg_.zero || device_.kind == Device::cpu,
+             "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
+             "buffers is not sharded yet); use --zero 0 with --device cuda");
   if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
 }
 
 void Trainer::set_decay_groups() {
+  // --zero 1: each parameter's part of this rank's shard, in the shard's index space.
+  const int64_t lo = shards_.empty() ? 0 : shards_.begin(comm_.rank());
+  const int64_t hi = shards_.empty() ? model_->num_params() : shards_.end(comm_.rank());
   std::vector<DecayRange> ranges;
-  for (const auto& p : model_->params())
-    ranges.push_back({p.offset, p.master.numel(), cfg_.decay_all || p.decay});
+  for (const auto& p : model_->params()) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.master.numel());
+    if (a < b) ranges.push_back({a - lo, b - a, cfg_.decay_all || p.decay});
+  }
   optimizer_->set_decay_ranges(std::move(ranges));
+}
+
+Tensor Trainer::shard_grad() const {
+  if (cfg_.precision != DType::f32) return grad32_;  // allocated as the shard
+  return grad32_.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
+}
+
+std::string Trainer::memory_report() const {
+  const int64_t p = model_->num_params(), es = int64_t(dtype_size(cfg_.precision));
+  const int64_t masters = p * 4;  // full: every layer reads them (fp32 layers, biases)
+  const int64_t work = cfg_.precision == DType::f32 ? 0 : p * es;
+  const int64_t opt = optimizer_->state_bytes();
+  const DType wire = reducer_->result().dtype;
+  const int64_t grads = p * es + (cfg_.precision == DType::f32 ? 0 : grad32_.numel() * 4) +
+                        (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
+  return cat("memory/rank: masters ", masters, " B, optimizer state ", opt, " B",
+             cfg_.zero ? cat(" (shard of ", shards_.count(comm_.rank()), " of ", p, ")") : "",
+             ", working weights ", work, cfg_.precision == DType::f32 ? " B (the masters)" : " B",
+             ", gradients ", grads, " B; --zero ", cfg_.zero);
 }
 
 void Trainer::make_reducer() {
@@ -212,6 +253,7 @@ void Trainer::make_reducer() {
     const auto [first, count] = model_->layer_params()[l];
     for (size_t i = first; i < first + count; ++i) layer_of[i] = l;
   }
+  rc.shards = shards_;
   DeviceScope on_device(device_);  // the wire buffer, when the wire dtype differs
   reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
   numerics_ =
@@ -285,23 +327,56 @@ void Trainer::add_accumulated(size_t param) {
   backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
 }
 
-void Trainer::apply_update(int64_t step) {
+void Trainer::apply_update(int64_t step, double sum_sq) {
   if (cfg_.grad_clip > 0.f) {
-    const double norm = std::sqrt(backend_->sum_squares(grad32_));
-    if (norm > cfg_.grad_clip) backend_->scale(grad32_, float(cfg_.grad_clip / (norm + 1e-6)));
+    const Tensor g = shards_.empty() ? grad32_ : shard_grad();
+    const double norm = std::sqrt(shards_.empty() ? backend_->sum_squares(grad32_) : sum_sq);
+    if (norm > cfg_.grad_clip) backend_->scale(g, float(cfg_.grad_clip / (norm + 1e-6)));
   }
   Tensor work = model_->work();
   const auto t_opt = Clock::now();
   maybe_inject_fault("optimizer", step);
   // The schedule's position is the steps before this one; lr_ is the fp32 value applied.
   lr_ = double(float(schedule_->lr(step - 1)));
-  optimizer_->step(*backend_, model_->master(), grad32_,
-                   cfg_.precision == DType::f32 ? nullptr : &work, float(lr_));
-  if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
+  if (shards_.empty()) {
+    optimizer_->step(*backend_, model_->master(), grad32_,
+                     cfg_.precision == DType::f32 ? nullptr : &work, float(lr_));
+    if (tracing_) timeline_.span("optimizer", "optimizer", 0, t_opt, Clock::now(), step);
+    return;
+  }
+  // --zero 1: the shard's part of each bucket, in bucket order; the communication thread
+  // all-gathers a bucket's fp32 masters while the next bucket is updated.
+  const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
+  const Tensor master = model_->master().slice(lo, {n}), grad = shard_grad();
+  optimizer_->begin_step(float(lr_));
+  reducer_->start_gather(model_->master());
+  if (cfg_.test_stall_gather && cfg_.test_stall_rank == comm_.rank() &&
+      cfg_.test_stall_step == step) {
+    std::cerr << cat("ringtrain: test: rank ", comm_.rank(), " (pid ", getpid(),
+                     ") held before the all-gather of step ", step, " for ",
+                     cfg_.test_stall_seconds, " s\n")
+              << std::flush;
+    std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
+  }
+  const auto& buckets = reducer_->buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const int64_t a = std::max(lo, buckets[b].offset);
+    const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
+    if (a < e) optimizer_->update(*backend_, master, grad, nullptr, a - lo, e - lo);
+    reducer_->gather_ready(b);
+  }
+  const auto t_update = Clock::now();
+  reducer_->finish_gather();
+  model_->refresh_working_copy(*backend_);  // fp16/bf16: the gathered masters, cast
+  if (tracing_) {
+    timeline_.span("optimizer (shard)", "optimizer", 0, t_opt, t_update, step);
+    timeline_.span("wait for all-gather", "comm", 0, t_update, Clock::now(), step);
+  }
 }
 
 Trainer::StepOutcome Trainer::step_once() {
-  if (cfg_.test_stall_rank == comm_.rank() && cfg_.test_stall_step == step_ + 1) {
+  if (!cfg_.test_stall_gather && cfg_.test_stall_rank == comm_.rank() &&
+      cfg_.test_stall_step == step_ + 1) {
     // Test-only: hold this rank back so the others' stall detection fires.
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
   }
@@ -328,22 +403,33 @@ Trainer::StepOutcome Trainer::step_once() {
   if (tracing_) {
     timeline_.span("wait for gradients", "comm", 0, t_backward, t_reduced, step);
     for (const auto& s : reducer_->spans())
-      timeline_.span(cat("allreduce bucket ", s.bucket), "comm", 1, s.begin, s.end, step);
+      timeline_.span(cat(shards_.empty() ? "allreduce" : "reduce-scatter", " bucket ", s.bucket),
+                     "comm", 1, s.begin, s.end, step);
   }
 
-  // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass.
-  const bool nonfinite = backend_->unscale_check(
-      reducer_->result(), 1.f / (scale * float(comm_.size()) * float(grad_accum_)), grad32_);
+  // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass; under
+  // --zero 1 this rank's shard only, its non-finite flag and squared norm summed below.
+  const float unscale = 1.f / (scale * float(comm_.size()) * float(grad_accum_));
+  bool nonfinite = false;
+  double sum_sq = 0;
+  if (shards_.empty()) {
+    nonfinite = backend_->unscale_check(reducer_->result(), unscale, grad32_);
+  } else {
+    const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
+    nonfinite = backend_->unscale_check(reducer_->result().slice(lo, {n}), unscale, shard_grad());
+    if (!nonfinite && cfg_.grad_clip > 0.f) sum_sq = backend_->sum_squares(shard_grad());
+  }
   if (tracing_) timeline_.span("unscale/check", "optimizer", 0, t_reduced, Clock::now(), step);
 
   // One small allreduce agrees on the metrics and on stopping/saving.
   const bool save_due =
       comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
       std::chrono::duration<double>(Clock::now() - last_save_time_).count() >= cfg_.checkpoint_secs;
-  double reduced[4] = {xent.loss_sum, double(xent.correct), stop_requested() ? 1. : 0.,
-                       save_due ? 1. : 0.};
-  comm_.allreduce(reduced, 4, DType::f64, comm::ReduceOp::sum);
-  if (reduced[2] > 0) {  // rare: which rank (the lowest) received which signal
+  double reduced[6] = {xent.loss_sum,      double(xent.correct), stop_requested() ? 1. : 0.,
+                       save_due ? 1. : 0., nonfinite ? 1. : 0.,  sum_sq};
+  comm_.allreduce(reduced, 6, DType::f64, comm::ReduceOp::sum);
+  nonfinite = reduced[4] > 0;  // --zero 1: some shard overflowed (else the same everywhere)
+  if (reduced[2] > 0) {        // rare: which rank (the lowest) received which signal
     int64_t who =
         stop_requested() ? (int64_t(stop_signal()) << 32) | (comm_.size() - comm_.rank()) : 0;
     comm_.allreduce(&who, 1, DType::i64, comm::ReduceOp::max);
@@ -358,9 +444,10 @@ Trainer::StepOutcome Trainer::step_once() {
   if (!where.empty())
     metrics_.write(JsonLine().add("type", "numerics").add("step", step_ + 1).add("message", where));
   const bool apply = scaler_->update(nonfinite || !where.empty());  // same on all ranks
-  if (!apply) numerics_->charge_overflow(reducer_->result());
+  // The layers to blame need the whole summed gradient, which --zero 1 does not hold.
+  if (!apply && shards_.empty()) numerics_->charge_overflow(reducer_->result());
   if (apply) {
-    apply_update(step);
+    apply_update(step, reduced[5]);
   } else {
     metrics_.write(JsonLine()
                        .add("type", "skip")
@@ -486,7 +573,8 @@ int Trainer::run() {
           grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
-          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string()));
+          device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
+          "; ", memory_report()));
   say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
           shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
           model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
@@ -503,7 +591,9 @@ int Trainer::run() {
   StepOutcome times;  // summed seconds of the window's steps
   while (step_ < total_steps_) {
     const StepOutcome out = step_once();
-    if (tensorboard_ && cfg_.histogram_every > 0 && step_ % cfg_.histogram_every == 0) {
+    // (--zero 1: no rank holds the whole fp32 gradient, so no histograms of it)
+    if (tensorboard_ && cfg_.histogram_every > 0 && step_ % cfg_.histogram_every == 0 &&
+        shards_.empty()) {
       // fp32 masters and this step's gradient (cuda: copied to the host first)
       const float* masters = host_floats(model_->master(), hist_values_[0]);
       const float* grads = host_floats(grad32_, hist_values_[1]);

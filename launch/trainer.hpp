@@ -78,7 +78,13 @@ class Trainer {
                                        int64_t step);
   void accumulate_micro_grads(int64_t micro);  // micro-batches before the last: into acc32_
   void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
-  void apply_update(int64_t step);             // clip, then the optimizer at the schedule's lr
+  // Clip (by the norm whose square, summed over ranks, is `sum_sq` under --zero 1), then the
+  // optimizer at the schedule's lr; under --zero 1 on this rank's shard, bucket by bucket,
+  // each bucket's masters all-gathered while the next is updated.
+  void apply_update(int64_t step, double sum_sq);
+  // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
+  Tensor shard_grad() const;
+  std::string memory_report() const;  // bytes per rank of the training state
 
   // The recipe's loop parts (trainer_recipe.cpp).
   void eval_if_due(bool epoch_done);              // --eval-every and epoch ends (not twice a step)
@@ -125,7 +131,8 @@ class Trainer {
   bool warned_scale_drop_ = false;
   MetricsWriter metrics_;
   Buffer grad32_storage_;
-  Tensor grad32_;
+  Tensor grad32_;             // --zero 1 in fp16/bf16: only this rank's shard
+  comm::ShardLayout shards_;  // --zero 1: the ranks' shards of the flat buffers
   OwnedTensor xc_, dlogits_;
   Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
   Tensor acc32_;

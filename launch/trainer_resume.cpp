@@ -58,7 +58,7 @@ std::string Trainer::choose_checkpoint() {
   for (const auto& b : buffer_views(*model_)) expected.push_back({"buffers/" + b.name, b.tensor});
   for (const auto& s : optimizer_views())
     for (const auto& p : s.per_param)
-      expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor});
+      expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor, p.full_shape});
   std::vector<std::pair<std::string, std::string>> skipped;
   const auto latest = store_->latest_valid(
       &skipped, expected, [&](const std::string& file, const io::CheckpointMeta& m) {

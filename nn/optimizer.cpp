@@ -36,22 +36,26 @@ class Sgd final : public Optimizer {
                                        : std::vector<std::string>{}),
         cfg_{c.lr, c.momentum, c.weight_decay, c.nesterov} {}
   const char* name() const override { return "sgd"; }
-  void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
-            float lr) override {
-    for (const auto& r : ranges_) {
-      kernels::SgdConfig c = cfg_;
-      c.lr = lr;
-      if (!r.decay) c.weight_decay = 0.f;
-      Tensor m = state_.empty() ? Tensor() : state(0).slice(r.offset, {r.count});
-      Tensor w = work ? work->slice(r.offset, {r.count}) : Tensor();
-      be.sgd_step(c, master.slice(r.offset, {r.count}), grad.slice(r.offset, {r.count}),
-                  state_.empty() ? nullptr : &m, work ? &w : nullptr);
-    }
+  void begin_step(float lr) override {
+    lr_ = lr;
     ++steps_;
+  }
+  void update(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+              int64_t lo, int64_t hi) override {
+    for_ranges(lo, hi, [&](int64_t off, int64_t count, bool decay) {
+      kernels::SgdConfig c = cfg_;
+      c.lr = lr_;
+      if (!decay) c.weight_decay = 0.f;
+      Tensor m = state_.empty() ? Tensor() : state(0).slice(off, {count});
+      Tensor w = work ? work->slice(off, {count}) : Tensor();
+      be.sgd_step(c, master.slice(off, {count}), grad.slice(off, {count}),
+                  state_.empty() ? nullptr : &m, work ? &w : nullptr);
+    });
   }
 
  private:
   kernels::SgdConfig cfg_;
+  float lr_ = 0.f;
 };
 
 class AdamW final : public Optimizer {
@@ -60,18 +64,20 @@ class AdamW final : public Optimizer {
       : Optimizer(n, {"exp_avg", "exp_avg_sq"}), cfg_{c.lr,  c.beta1,        c.beta2,
                                                       c.eps, c.weight_decay, 1} {}
   const char* name() const override { return "adamw"; }
-  void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
-            float lr) override {
+  void begin_step(float lr) override {
     cfg_.lr = lr;
     cfg_.step = ++steps_;
-    for (const auto& r : ranges_) {
+  }
+  void update(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+              int64_t lo, int64_t hi) override {
+    for_ranges(lo, hi, [&](int64_t off, int64_t count, bool decay) {
       kernels::AdamWConfig c = cfg_;
-      if (!r.decay) c.weight_decay = 0.f;
-      Tensor w = work ? work->slice(r.offset, {r.count}) : Tensor();
-      be.adamw_step(c, master.slice(r.offset, {r.count}), grad.slice(r.offset, {r.count}),
-                    state(0).slice(r.offset, {r.count}), state(1).slice(r.offset, {r.count}),
+      if (!decay) c.weight_decay = 0.f;
+      Tensor w = work ? work->slice(off, {count}) : Tensor();
+      be.adamw_step(c, master.slice(off, {count}), grad.slice(off, {count}),
+                    state(0).slice(off, {count}), state(1).slice(off, {count}),
                     work ? &w : nullptr);
-    }
+    });
   }
 
  private:

@@ -5,6 +5,7 @@
 // Param::decay is false is updated with weight decay 0.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,8 +36,21 @@ class Optimizer {
   virtual const char* name() const = 0;
   // One update of `master` from the fp32 gradient; `work` (if given) receives the new
   // values in the compute dtype in the same pass.
-  virtual void step(kernels::Backend& be, const Tensor& master, const Tensor& grad,
-                    const Tensor* work, float lr) = 0;
+  void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+            float lr) {
+    begin_step(lr);
+    update(be, master, grad, work, 0, n_);
+  }
+  // The same update in pieces (ZeRO-1 hands each piece's working weights to the all-gather
+  // while the next is updated): begin_step once, then update() over ranges [lo, hi) that
+  // cover [0, n) once each; the tensors span all n elements. The result does not depend on
+  // the pieces: every element is updated on its own.
+  virtual void begin_step(float lr) = 0;
+  virtual void update(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                      const Tensor* work, int64_t lo, int64_t hi) = 0;
+  int64_t size() const { return n_; }
+  // Bytes of optimizer state this optimizer holds.
+  int64_t state_bytes() const { return int64_t(state_.size()) * n_ * 4; }
   // Named flat state buffers ("momentum"; "exp_avg", "exp_avg_sq").
   const std::vector<std::string>& state_names() const { return names_; }
   Tensor state(size_t i) const {
@@ -50,6 +64,14 @@ class Optimizer {
 
  protected:
   Optimizer(int64_t n, std::vector<std::string> names);
+  // f(offset, count, decay) for each decay range's part of [lo, hi), in order.
+  template <typename F>
+  void for_ranges(int64_t lo, int64_t hi, F f) const {
+    for (const auto& r : ranges_) {
+      const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.count);
+      if (a < b) f(a, b - a, r.decay);
+    }
+  }
   std::vector<DecayRange> ranges_;
   int64_t n_;
   int64_t steps_ = 0;

@@ -1,6 +1,8 @@
 // NCCL communicators (see nccl_communicator.hpp) and the factories of nccl_api.hpp.
 #include "comm/nccl/nccl_communicator.hpp"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include "comm/mpi/mpi_check.hpp"
@@ -128,10 +130,19 @@ void NcclCommunicator::reduce_scatter(void* buf, const std::vector<int64_t>& cou
                                       ReduceOp op) {
   if (!is_device_pointer(buf)) return mpi_->reduce_scatter(buf, counts, dtype, op);
   RT_CHECK(int(counts.size()) == size(), counts.size(), " segment counts for ", size(), " ranks");
-  // Unequal segments: one in-place reduce per segment to its owner, grouped into one launch.
   begin();
   const size_t es = dtype_size(dtype);
   char* p = static_cast<char*>(buf);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; })) {
+    // Equal segments (ZeRO's buckets inside the shards): NCCL's in-place reduce-scatter,
+    // whose output is this rank's segment of the input.
+    const size_t n = size_t(counts[0]);
+    NCCL_CHECK(comm_, ncclReduceScatter(p, p + size_t(rank()) * n * es, n, nccl_type(dtype),
+                                        nccl_op(op), comm_, stream_));
+    end();
+    return;
+  }
+  // Unequal segments: one in-place reduce per segment to its owner, grouped into one launch.
   NCCL_CHECK(comm_, ncclGroupStart());
   size_t off = 0;
   for (int r = 0; r < size(); ++r) {
@@ -150,6 +161,15 @@ void NcclCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts,
   begin();
   const size_t es = dtype_size(dtype);
   char* p = static_cast<char*>(buf);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; })) {
+    // Equal segments: NCCL's in-place all-gather (input: this rank's segment of the output).
+    const size_t n = size_t(counts[0]);
+    NCCL_CHECK(comm_,
+               ncclAllGather(p + size_t(rank()) * n * es, p, n, nccl_type(dtype), comm_, stream_));
+    end();
+    return;
+  }
+  // Unequal segments (the uneven last shard): one broadcast per segment from its owner.
   NCCL_CHECK(comm_, ncclGroupStart());
   size_t off = 0;
   for (int r = 0; r < size(); ++r) {

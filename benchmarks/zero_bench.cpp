@@ -1,0 +1,140 @@
+// zero_bench: what ZeRO-1 (--zero 1) saves and what it sends, per rank.
+//  1. Memory: bytes per rank of fp32 masters, AdamW state, working weights and gradients for
+//     W = 1..4, for the GPT-2 124M shape and a layer count given on the command line; the
+//     optimizer state is measured as the bytes the real optimizer allocates for its shard.
+//  2. Wire: bytes each rank sends per step under the ring model (allreduce 2(W-1)/W x bytes;
+//     reduce-scatter and all-gather (W-1)/W x bytes each) for --zero 0 and 1.
+//  3. Time (under mpirun -n W): the allreduce of the gradient against reduce-scatter +
+//     all-gather over the shard layout, the same buffer, measured in the same run (ratio).
+// Usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] [--iters K]
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/mpi/mpi_communicator.hpp"
+#include "comm/shard_layout.hpp"
+#include "nn/optimizer.hpp"
+
+namespace {
+
+using ringtrain::DType;
+
+// GPT-2 small (12 layers, 768 wide, 1024 positions): parameters from the shapes.
+int64_t gpt2_params(int64_t vocab) {
+  const int64_t d = 768, l = 12, ctx = 1024;
+  const int64_t per_layer =
+      2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d);
+  return vocab * d + ctx * d + l * per_layer + 2 * d;
+}
+
+struct Row {
+  int64_t masters, optimizer, work, grads;
+};
+
+Row memory(int64_t p, int w, int rank, DType precision) {
+  const ringtrain::comm::ShardLayout s(p, w);
+  ringtrain::OptimizerConfig oc;                                  // adamw
+  const auto opt = ringtrain::make_optimizer(oc, s.count(rank));  // allocates the shard's state
+  const int64_t es = int64_t(ringtrain::dtype_size(precision));
+  const bool mixed = precision != DType::f32;
+  return {p * 4, opt->state_bytes(), mixed ? p * es : 0, p * es + (mixed ? s.count(rank) * 4 : 0)};
+}
+
+void print_memory(const char* name, int64_t p, DType precision) {
+  std::printf("\n# memory per rank (rank 0's shard), %s, %lld parameters, %s, AdamW\n", name,
+              static_cast<long long>(p), ringtrain::dtype_name(precision));
+  std::printf("%-4s %-6s %14s %14s %14s %14s %14s %10s\n", "W", "zero", "masters", "optimizer",
+              "working", "gradients", "total", "opt/P");
+  for (int w = 1; w <= 4; ++w)
+    for (int zero = 0; zero <= 1; ++zero) {
+      const Row r = memory(p, zero ? w : 1, 0, precision);
+      std::printf("%-4d %-6d %14lld %14lld %14lld %14lld %14lld %10.3f\n", w, zero,
+                  static_cast<long long>(r.masters), static_cast<long long>(r.optimizer),
+                  static_cast<long long>(r.work), static_cast<long long>(r.grads),
+                  static_cast<long long>(r.masters + r.optimizer + r.work + r.grads),
+                  double(r.optimizer) / double(p));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int level = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+  int64_t params = 0;
+  int iters = 20;
+  DType precision = DType::f32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--params" && i + 1 < argc) {
+      params = std::stoll(argv[++i]);
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::stoi(argv[++i]);
+    } else if (a == "--precision" && i + 1 < argc) {
+      const std::string p = argv[++i];
+      precision = p == "bf16" ? DType::bf16 : p == "fp16" ? DType::f16 : DType::f32;
+    } else {
+      std::fprintf(stderr,
+                   "usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] "
+                   "[--iters K]\n");
+      MPI_Finalize();
+      return a == "--help" ? 0 : 1;
+    }
+  }
+  int rank = 0, world = 1;
+  {
+    ringtrain::comm::MpiCommunicator comm(MPI_COMM_WORLD);
+    rank = comm.rank();
+    world = comm.size();
+    const int64_t gpt2 = gpt2_params(50257), gpt2_padded = gpt2_params(50304);
+    if (rank == 0) {
+      print_memory("GPT-2 124M (vocab 50257)", gpt2, DType::bf16);
+      print_memory("GPT-2 124M (vocab 50257)", gpt2, DType::f32);
+      std::printf("(GPT-2 124M with the vocabulary padded to 50304, as llm.c allocates: %lld)\n",
+                  static_cast<long long>(gpt2_padded));
+    }
+    const int64_t p = params > 0 ? params : 1 << 22;
+    const int64_t es = int64_t(ringtrain::dtype_size(precision));
+    if (rank == 0) {
+      std::printf(
+          "\n# bytes sent per rank per step (ring model), %lld parameters, gradients in %s\n",
+          static_cast<long long>(p), ringtrain::dtype_name(precision));
+      std::printf("%-4s %16s %16s %16s %8s\n", "W", "zero0 allreduce", "zero1 r-scatter",
+                  "zero1 all-gather", "ratio");
+      for (int w = 2; w <= 4; ++w) {
+        const double f = double(w - 1) / w;
+        const double ar = 2 * f * double(p * es), rs = f * double(p * es), ag = f * double(p * 4);
+        std::printf("%-4d %16.0f %16.0f %16.0f %8.3f\n", w, ar, rs, ag, (rs + ag) / ar);
+      }
+    }
+    // Measured: one allreduce against reduce-scatter + all-gather of the same fp32 buffer.
+    const ringtrain::comm::ShardLayout s(p, world);
+    std::vector<float> buf(size_t(p), 1.f);
+    auto time_it = [&](auto f) {
+      f();
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) f();
+      comm.barrier();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    };
+    const double t_ar =
+        time_it([&] { comm.allreduce(buf.data(), p, DType::f32, ringtrain::comm::ReduceOp::sum); });
+    const double t_z = time_it([&] {
+      comm.reduce_scatter(buf.data(), s.counts_in(0, p), DType::f32,
+                          ringtrain::comm::ReduceOp::sum);
+      comm.allgatherv(buf.data(), s.counts_in(0, p), DType::f32);
+    });
+    if (rank == 0)
+      std::printf(
+          "\n# measured on %d ranks, %lld fp32 elements: allreduce %.3f ms, reduce-scatter + "
+          "all-gather %.3f ms, ratio %.3f\n",
+          world, static_cast<long long>(p), t_ar * 1e3, t_z * 1e3, t_z / t_ar);
+  }
+  MPI_Finalize();
+  return 0;
+}
