@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/model.hpp"
+#include "nn/model.hpp"
 #include "io/dataset.hpp"
 #include "launch/config.hpp"
 

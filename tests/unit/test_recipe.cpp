@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/model.hpp"
-#include "core/optimizer.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 #include "core/schedule.hpp"
 #include "io/loader.hpp"
 #include "kernels/kernels.hpp"
@@ -144,13 +145,11 @@ TEST_F(RecipeRef, LabelSmoothingEqualsPyTorch) {
 TEST(DecayGroups, DecayTouchesExactlyTheParametersThatAskForIt) {
   auto be = kernels::make_cpu_backend(1);
   for (const char* name : {"mlp", "cnn", "resnet"}) {
-    ModelSpec spec;
-    spec.name = name;
-    spec.input = name == std::string("mlp") ? Shape{1, 8, 8} : Shape{3, 8, 8};
-    spec.hidden = {16};
-    spec.classes = 4;
-    spec.width = 4;
-    auto model = build_model(spec, DType::f32);
+    const bool mlp = name == std::string("mlp");
+    std::vector<std::pair<std::string, std::string>> vars;
+    if (mlp) vars = {{"hidden", "16"}};
+    if (name == std::string("resnet")) vars = {{"width", "4"}};
+    auto model = build_model(name, mlp ? Shape{1, 8, 8} : Shape{3, 8, 8}, 4, vars, DType::f32);
     model->init_parameters(3, *be);
     OptimizerConfig oc;
     oc.lr = 0.1f;
