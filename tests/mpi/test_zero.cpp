@@ -45,7 +45,7 @@ TEST(ZeroAcrossRanks, MatchesAllreduceAfter200Steps) {
   ASSERT_GE(world0.size(), 2) << "registered at 1 rank, where nothing is sharded";
   launch::TrainConfig cfg;
   cfg.data = data;
-  cfg.hidden = {33, 17};
+  cfg.model_vars = {{"hidden", "33,17", "--hidden"}};
   cfg.precision = DType::f32;
   cfg.steps = 200;
   cfg.threads = 1;
