@@ -143,7 +143,7 @@ if rank == 0:
            "precision": args.precision, "layers": args.layers, "width": args.width,
            "heads": args.heads, "seq_len": args.seq_len, "batch_size": args.batch_size,
            "ranks": world, "threads": args.threads, "tokens_per_sec": statistics.median(rates),
-           "windows": rates, "loss": float(loss)}
+           "windows": rates, "loss": loss.item()}
     print(f"pytorch {torch.__version__} {args.precision}{' compile' if args.compile else ''}: "
           f"{res['tokens_per_sec']:.1f} tokens/s", flush=True)
     if args.json:
