@@ -38,6 +38,45 @@ NchwDims batchnorm_dims(const Tensor& x, const Tensor& gamma) {
   return d;
 }
 
+AttentionDims attention_dims(int64_t heads, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse) {
+  RT_CHECK(qkv.shape.size() == 3 && qkv.dim(2) % 3 == 0, "attention takes qkv [B, T, 3C], got ",
+           shape_str(qkv.shape));
+  AttentionDims d{qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, heads, 0};
+  RT_CHECK(heads > 0 && d.c % heads == 0, "attention width ", d.c, " does not divide into ", heads,
+           " heads");
+  d.hs = d.c / heads;
+  RT_CHECK(out.numel() == d.b * d.t * d.c, "attention output ", shape_str(out.shape), " for qkv ",
+           shape_str(qkv.shape));
+  RT_CHECK(lse.numel() == d.b * heads * d.t && lse.dtype == DType::f32,
+           "attention log-sum-exp must be fp32 [", d.b, ", ", heads, ", ", d.t, "], got ",
+           dtype_name(lse.dtype), " ", shape_str(lse.shape));
+  return d;
+}
+
+void check_embedding_shapes(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                            const Tensor& y) {
+  RT_CHECK(tokens.dtype == DType::i32 && tokens.shape.size() == 2,
+           "embedding takes i32 tokens [B, T], got ", dtype_name(tokens.dtype), " ",
+           shape_str(tokens.shape));
+  RT_CHECK(wte.shape.size() == 2, "token embedding table must be [V, C], got ",
+           shape_str(wte.shape));
+  const int64_t c = wte.dim(1);
+  RT_CHECK(y.numel() == tokens.numel() * c, "embedding output ", shape_str(y.shape), " for ",
+           shape_str(tokens.shape), " tokens of width ", c);
+  if (wpe)
+    RT_CHECK(wpe->shape.size() == 2 && wpe->dim(1) == c && wpe->dim(0) >= tokens.dim(1),
+             "positional embedding ", shape_str(wpe->shape), " does not cover ", tokens.dim(1),
+             " positions of width ", c);
+}
+
+int64_t layernorm_rows(const Tensor& x, const Tensor& gamma) {
+  const int64_t c = gamma.numel();
+  RT_CHECK(gamma.dtype == DType::f32 && c > 0 && !x.shape.empty() && x.shape.back() == c,
+           "layer norm of ", shape_str(x.shape), " with fp32 parameters of ", c);
+  return x.numel() / c;
+}
+
 const char* op_name(Op op) {
   switch (op) {
     case Op::gemm:
@@ -80,6 +119,16 @@ const char* op_name(Op op) {
       return "dropout";
     case Op::add:
       return "add";
+    case Op::embedding:
+      return "embedding";
+    case Op::layernorm:
+      return "layernorm";
+    case Op::attention:
+      return "attention";
+    case Op::gelu_tanh:
+      return "gelu_tanh";
+    case Op::token_xent:
+      return "token_xent";
   }
   return "?";
 }

@@ -31,7 +31,12 @@ enum class Op {
   batchnorm,
   gelu,
   dropout,
-  add
+  add,
+  embedding,
+  layernorm,
+  attention,
+  gelu_tanh,
+  token_xent
 };
 
 // An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
@@ -190,7 +195,57 @@ class Backend {
                                 const Tensor& dx) = 0;
   // y = a + b elementwise (the residual add); y may alias a or b.
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+
+  // ---- transformer ops (GPT-2 as llm.c computes it). Activations in any float dtype,
+  // statistics and accumulation in fp32, each result rounded once to its tensor's dtype.
+  // y[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]: tokens i32 [B, T] in [0, V), wte [V, C],
+  // wpe [>= T, C] (null: the token embedding alone), y [B, T, C].
+  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                                 const Tensor& y) = 0;
+  // dwte [V, C] and dwpe [>= T, C] (fp32, overwritten): dy [B, T, C] scattered back and
+  // summed, in token order whatever the thread count (deterministic).
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                                  const Tensor* dwpe) = 0;
+  // Layer normalisation of each row of x [N, C]: y = (x - mean) * rstd * gamma + beta with
+  // gamma, beta fp32 [C]; mean and rstd (fp32 [N]) receive the statistics for backward.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, const Tensor& y, const Tensor& mean,
+                                 const Tensor& rstd) = 0;
+  // dx, and dgamma/dbeta (fp32 [C], overwritten) summed over the rows in a fixed order.
+  virtual void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                  const Tensor& dgamma, const Tensor& dbeta) = 0;
+  // Causal multi-head self-attention on qkv [B, T, 3C] (q, k and v side by side, head h at
+  // columns h * C/heads of each): out [B, T, C] = softmax(q k^T / sqrt(C/heads) + mask) v
+  // per head, heads side by side. lse [B, heads, T] (fp32) receives each query's
+  // log-sum-exp of its scaled scores: backward recomputes the probabilities from it, so no
+  // T x T matrix is ever stored.
+  virtual void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse) = 0;
+  // dqkv [B, T, 3C] (overwritten) from dout and forward's qkv, out and lse.
+  virtual void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
+  // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void gelu_tanh(const Tensor& x, const Tensor& y) = 0;
+  virtual void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  // Token-level softmax cross-entropy over the first `vocab` columns of fp32 logits
+  // [N, Vp] (Vp >= vocab: the padding columns take no part and get zero gradient) against
+  // i32 targets [N] in [0, vocab). When dlogits (fp32 [N, Vp], may alias logits: the
+  // classifier is fused, as llm.c's) is given it receives (softmax - onehot) * grad_scale / N.
+  // correct counts argmax == target.
+  virtual XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                                float grad_scale, const Tensor* dlogits) = 0;
 };
+
+// Shape checks shared by every backend's transformer ops (internal errors naming both sides).
+struct AttentionDims {
+  int64_t b, t, c, heads, hs;  // batch, tokens, width, heads, head size
+};
+AttentionDims attention_dims(int64_t heads, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse);
+void check_embedding_shapes(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                            const Tensor& y);
+int64_t layernorm_rows(const Tensor& x, const Tensor& gamma);  // N of x [N, C] (any leading)
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 

@@ -83,6 +83,25 @@ class CpuBackend final : public Backend {
                        const Tensor& mask) override;
   void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  // cpu_embedding.cpp, cpu_layernorm.cpp, cpu_attention.cpp, cpu_gelu_tanh.cpp,
+  // cpu_token_xent.cpp: the transformer ops
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                         const Tensor& y) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                          const Tensor* dwpe) override;
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta) override;
+  void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                         const Tensor& lse) override;
+  void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, const Tensor& dqkv) override;
+  void gelu_tanh(const Tensor& x, const Tensor& y) override;
+  void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                        float grad_scale, const Tensor* dlogits) override;
 
  private:
   // fp32 view of a tensor: the tensor itself when fp32, else a converted copy in `scratch`.

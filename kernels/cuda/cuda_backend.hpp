@@ -112,6 +112,24 @@ class CudaBackend final : public Backend {
                        const Tensor& mask) override;
   void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  // transformer_ops.cpp (kernels in transformer.cu)
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                         const Tensor& y) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                          const Tensor* dwpe) override;
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta) override;
+  void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                         const Tensor& lse) override;
+  void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, const Tensor& dqkv) override;
+  void gelu_tanh(const Tensor& x, const Tensor& y) override;
+  void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                        float grad_scale, const Tensor* dlogits) override;
 
   DeviceRuntime& runtime() { return rt_; }
   // Convolution plans that run in fp32 because cuDNN had no deterministic 16-bit algorithm

@@ -72,4 +72,34 @@ void launch_dropout_fwd(const void* x, void* y, uint8_t* mask, DType t, int64_t 
 void launch_dropout_bwd(const void* dy, const uint8_t* mask, void* dx, DType t, int64_t n, float p,
                         cudaStream_t s);
 
+// ---- transformer.cu ------------------------------------------------------------------------
+void launch_embedding_fwd(const int32_t* tok, const void* wte, const void* wpe, DType wt, void* y,
+                          DType yt, int64_t n, int64_t t_len, int64_t c, cudaStream_t s);
+// dwte and dwpe (may be null) must be zeroed first; summed in token order.
+void launch_embedding_bwd(const int32_t* tok, const void* dy, DType dt, float* dwte, float* dwpe,
+                          int64_t n, int64_t t_len, int64_t c, cudaStream_t s);
+void launch_layernorm_fwd(const void* x, DType xt, const float* g, const float* b, float eps,
+                          void* y, DType yt, float* mean, float* rstd, int64_t rows, int64_t c,
+                          cudaStream_t s);
+// dx has dy's dtype; dgamma/dbeta through `partial` (2 * kLayerNormSlices * c floats).
+constexpr int kLayerNormSlices = 64;
+void launch_layernorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt,
+                          const float* g, const float* mean, const float* rstd, float* partial,
+                          float* dg, float* db, int64_t rows, int64_t c, cudaStream_t s);
+// qkv, out (and dout, dqkv) share dtype t; head size up to kMaxAttentionHeadSize. delta holds
+// b * heads * t_len floats.
+constexpr int64_t kMaxAttentionHeadSize = 256;
+void launch_attention_fwd(const void* qkv, void* out, DType t, float* lse, int64_t b, int64_t t_len,
+                          int64_t heads, int64_t hs, cudaStream_t s);
+void launch_attention_bwd(const void* qkv, const void* out, const void* dout, DType t,
+                          const float* lse, float* delta, void* dqkv, int64_t b, int64_t t_len,
+                          int64_t heads, int64_t hs, cudaStream_t s);
+void launch_gelu_tanh(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s);
+void launch_gelu_tanh_backward(const void* x, DType xt, const void* dy, DType dt, void* dx,
+                               DType ot, int64_t n, cudaStream_t s);
+// Per row: loss (double) and correct (0/1); *bad set when a target is outside [0, vocab).
+void launch_token_xent(const float* logits, const int32_t* targets, int64_t rows, int64_t vp,
+                       int64_t vocab, float g, float* dlogits, double* row_loss,
+                       int32_t* row_correct, int32_t* bad, cudaStream_t s);
+
 }  // namespace ringtrain::kernels::cuda

@@ -63,6 +63,8 @@ struct Pair {
   OwnedTensor host, dev;
   const Tensor& h() const { return host.view; }
   const Tensor& d() const { return dev.view; }
+  const Tensor* p_h() const { return &host.view; }
+  const Tensor* p_d() const { return &dev.view; }
 };
 
 inline void store_floats(const Tensor& t, const std::vector<float>& v) {

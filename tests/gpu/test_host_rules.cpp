@@ -124,6 +124,39 @@ class GemmRecorder final : public kernels::Backend {
     be_.dropout_backward(dy, mask, p, dx);
   }
   void add(const Tensor& a, const Tensor& b, const Tensor& y) override { be_.add(a, b, y); }
+  void embedding_forward(const Tensor& tok, const Tensor& wte, const Tensor* wpe,
+                         const Tensor& y) override {
+    be_.embedding_forward(tok, wte, wpe, y);
+  }
+  void embedding_backward(const Tensor& tok, const Tensor& dy, const Tensor& dwte,
+                          const Tensor* dwpe) override {
+    be_.embedding_backward(tok, dy, dwte, dwpe);
+  }
+  void layernorm_forward(const Tensor& x, const Tensor& g, const Tensor& b, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override {
+    be_.layernorm_forward(x, g, b, eps, y, mean, rstd);
+  }
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& g, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dx, const Tensor& dg,
+                          const Tensor& db) override {
+    be_.layernorm_backward(x, dy, g, mean, rstd, dx, dg, db);
+  }
+  void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                         const Tensor& lse) override {
+    be_.attention_forward(heads, qkv, out, lse);
+  }
+  void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, const Tensor& dqkv) override {
+    be_.attention_backward(heads, qkv, out, dout, lse, dqkv);
+  }
+  void gelu_tanh(const Tensor& x, const Tensor& y) override { be_.gelu_tanh(x, y); }
+  void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
+    be_.gelu_tanh_backward(x, dy, dx);
+  }
+  kernels::XentResult token_xent(const Tensor& l, const Tensor& t, int64_t vocab, float g,
+                                 const Tensor* dl) override {
+    return be_.token_xent(l, t, vocab, g, dl);
+  }
 
  private:
   kernels::Backend& be_;

@@ -1,0 +1,172 @@
+// GPT training throughput (tokens/s), ringtrain's side of benchmarks/peers/gpt.sh: a model
+// file (default models/gpt-tiny.pbtxt, sizes as vars) trained with AdamW on random token
+// windows, one process per rank under mpirun, the gradient summed over the ranks with one
+// MPI allreduce per step (in the compute dtype, as the Trainer's reducer sends it) and
+// averaged. Each step: forward through the graph executor, the fused token cross-entropy,
+// backward, allreduce, AdamW on the fp32 masters (writing the 16-bit working copy). Rank 0
+// prints the median tokens/s (all ranks) over windows of --window steps after --warmup
+// steps, and with --json writes it as one JSON object.
+//
+//   mpirun -n 2 build-cpu/bin/gpt_bench --threads 1 --batch-size 8 --seq-len 64 --steps 60 \
+//       [--model FILE] [--var width=384 ...] [--precision bf16] [--json FILE]
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/mpi/mpi_communicator.hpp"
+#include "core/error.hpp"
+#include "kernels/kernels.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/optimizer.hpp"
+
+namespace rt = ringtrain;
+
+namespace {
+
+struct Args {
+  std::string model = std::string(RINGTRAIN_SOURCE_DIR) + "/models/gpt-tiny.pbtxt";
+  std::vector<std::pair<std::string, std::string>> vars;
+  int64_t batch = 8, seq = 64, vocab = 256, steps = 60, warmup = 10, window = 10;
+  int threads = 1;
+  rt::DType precision = rt::DType::f32;
+  std::string json;
+};
+
+int usage(const char* why) {
+  std::fprintf(stderr,
+               "%s\nusage: gpt_bench [--model FILE] [--var NAME=VALUE]... [--batch-size N] "
+               "[--seq-len T] [--vocab V] [--steps N] [--warmup N] [--window N] [--threads N] "
+               "[--precision fp32|bf16|fp16] [--json FILE]\n",
+               why);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "-h" || k == "--help") {
+      usage("GPT training throughput: tokens/s of a model file on random tokens");
+      MPI_Finalize();
+      return 0;
+    }
+    if (i + 1 >= argc) return usage(("missing value after " + k).c_str());
+    const std::string v = argv[++i];
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--var" && v.find('=') != std::string::npos)
+      a.vars.push_back({v.substr(0, v.find('=')), v.substr(v.find('=') + 1)});
+    else if (k == "--batch-size")
+      a.batch = std::atoll(v.c_str());
+    else if (k == "--seq-len")
+      a.seq = std::atoll(v.c_str());
+    else if (k == "--vocab")
+      a.vocab = std::atoll(v.c_str());
+    else if (k == "--steps")
+      a.steps = std::atoll(v.c_str());
+    else if (k == "--warmup")
+      a.warmup = std::atoll(v.c_str());
+    else if (k == "--window")
+      a.window = std::atoll(v.c_str());
+    else if (k == "--threads")
+      a.threads = std::atoi(v.c_str());
+    else if (k == "--precision" && (v == "fp32" || v == "bf16" || v == "fp16"))
+      a.precision = v == "fp32" ? rt::DType::f32 : v == "bf16" ? rt::DType::bf16 : rt::DType::f16;
+    else if (k == "--json")
+      a.json = v;
+    else
+      return usage(("unknown option or value: " + k + " " + v).c_str());
+  }
+  if (a.batch < 1 || a.seq < 1 || a.threads < 1 || a.window < 1 || a.steps - a.warmup < a.window)
+    return usage(
+        "--batch-size, --seq-len, --threads must be positive and --steps - --warmup "
+        ">= --window");
+  try {
+    rt::comm::MpiCommunicator comm(MPI_COMM_WORLD);
+    auto be = rt::kernels::make_cpu_backend(a.threads);
+    a.vars.push_back({"context", std::to_string(a.seq)});
+    auto model = rt::build_model(a.model, {a.seq}, a.vocab, a.vars, a.precision);
+    model->init_parameters(42, *be);
+    rt::OptimizerConfig oc;
+    oc.name = "adamw";
+    oc.lr = 3e-4f;
+    oc.weight_decay = 0.1f;
+    auto opt = rt::make_optimizer(oc, model->num_params());
+    std::vector<rt::DecayRange> ranges;
+    for (const auto& p : model->params()) ranges.push_back({p.offset, p.master.numel(), p.decay});
+    opt->set_decay_ranges(ranges);
+
+    std::mt19937 gen(uint32_t(1 + comm.rank()));
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(a.vocab - 1));
+    std::vector<int32_t> x(size_t(a.batch * a.seq)), y(x.size());
+    for (auto& t : x) t = tok(gen);
+    for (auto& t : y) t = tok(gen);
+    const rt::Tensor tokens(x.data(), {a.batch, a.seq}, rt::DType::i32);
+    const rt::Tensor targets(y.data(), {a.batch, a.seq}, rt::DType::i32);
+    rt::OwnedTensor dlogits, grad32;
+    rt::Tensor work = model->work();
+    rt::Context ctx{*be, a.precision, true, 0};
+    double loss = 0;
+    auto step = [&] {
+      const rt::Tensor& logits = model->forward(ctx, tokens);
+      rt::Tensor& d = dlogits.ensure(logits.shape, rt::DType::f32);
+      loss = be->token_xent(logits, targets, a.vocab, 1.f, &d).loss_sum / double(a.batch * a.seq);
+      model->backward(ctx, d);
+      rt::Tensor g = model->grad();
+      comm.allreduce(g.data, g.numel(), g.dtype, rt::comm::ReduceOp::sum);
+      rt::Tensor g32 = g;
+      if (a.precision != rt::DType::f32) {
+        g32 = grad32.ensure({model->num_params()}, rt::DType::f32);
+        be->cast(g, g32);
+      }
+      be->scale(g32, 1.f / float(comm.size()));
+      opt->step(*be, model->master(), g32, a.precision == rt::DType::f32 ? nullptr : &work, oc.lr);
+    };
+    for (int64_t i = 0; i < a.warmup; ++i) step();
+    std::vector<double> rates;
+    const double tokens_per_step = double(a.batch * a.seq * comm.size());
+    for (int64_t w = 0; w < (a.steps - a.warmup) / a.window; ++w) {
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < a.window; ++i) step();
+      comm.barrier();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      rates.push_back(tokens_per_step * double(a.window) / s);
+    }
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted.size() % 2
+                              ? sorted[sorted.size() / 2]
+                              : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+    if (comm.rank() == 0) {
+      std::printf("ringtrain %s: %.1f tokens/s (%lld parameters, loss %.4f)\n",
+                  rt::dtype_name(a.precision), median, (long long)model->num_params(), loss);
+      if (!a.json.empty()) {
+        FILE* f = std::fopen(a.json.c_str(), "w");
+        RT_REQUIRE(f, "--json ", a.json, ": cannot open for writing");
+        std::fprintf(f,
+                     "{\"framework\":\"ringtrain\",\"precision\":\"%s\",\"ranks\":%d,"
+                     "\"threads\":%d,\"batch_size\":%lld,\"seq_len\":%lld,\"params\":%lld,"
+                     "\"tokens_per_sec\":%.3f,\"loss\":%.6f}\n",
+                     rt::dtype_name(a.precision), comm.size(), a.threads, (long long)a.batch,
+                     (long long)a.seq, (long long)model->num_params(), median, loss);
+        std::fclose(f);
+      }
+    }
+  } catch (const rt::Error& e) {
+    std::fprintf(stderr, "gpt_bench: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, e.kind() == rt::ErrorKind::input ? 1 : 2);
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,105 @@
+// CPU GELU in GPT-2's tanh form and its gradient. 16-bit tensors are widened to fp32 in
+// blocks on the stack, so the arithmetic loop is always fp32 and vectorises (exp_fast, as a
+// sigmoid).
+#include <omp.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/elem.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace ringtrain::kernels::cpu {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+constexpr int64_t kBlock = 1024;  // elements widened at a time
+
+RT_INLINE void gelu_tanh_body(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation where tanh(u) is near -1.
+    y[i] = v / (1.f + exp_fast(-2.f * kSqrt2OverPi * (v + kCubic * v * v * v)));
+  }
+}
+
+// dx = dy * d/dx gelu(x); dx may alias dy.
+RT_INLINE void gelu_tanh_grad_body(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    // With s = sigmoid(2u): 0.5 (1 + tanh u) = s and 0.5 sech^2 u = 2 s (1 - s).
+    const float sg = 1.f / (1.f + exp_fast(-2.f * kSqrt2OverPi * (v + kCubic * v * v * v)));
+    const float grad = sg + v * 2.f * sg * (1.f - sg) * kSqrt2OverPi * (1.f + 3.f * kCubic * v * v);
+    dx[i] = dy[i] * grad;
+  }
+}
+
+void gelu_tanh_base(const float* x, float* y, int64_t n) { gelu_tanh_body(x, y, n); }
+RT_AVX512_TARGET void gelu_tanh_avx512(const float* x, float* y, int64_t n) {
+  gelu_tanh_body(x, y, n);
+}
+void gelu_tanh_grad_base(const float* x, const float* dy, float* dx, int64_t n) {
+  gelu_tanh_grad_body(x, dy, dx, n);
+}
+RT_AVX512_TARGET void gelu_tanh_grad_avx512(const float* x, const float* dy, float* dx, int64_t n) {
+  gelu_tanh_grad_body(x, dy, dx, n);
+}
+
+// Elements [lo, hi) of t as fp32: a pointer into t when fp32, else widened into buf.
+const float* span_f32(const Tensor& t, int64_t lo, int64_t n, float* buf) {
+  if (t.dtype == DType::f32) return t.as<float>() + lo;
+  to_f32(static_cast<const char*>(t.data) + lo * int64_t(dtype_size(t.dtype)), t.dtype, buf, n, 1);
+  return buf;
+}
+float* out_span(const Tensor& t, int64_t lo, float* buf) {
+  return t.dtype == DType::f32 ? t.as<float>() + lo : buf;
+}
+void commit_span(const Tensor& t, int64_t lo, int64_t n, const float* buf) {
+  if (t.dtype != DType::f32)
+    from_f32(buf, static_cast<char*>(t.data) + lo * int64_t(dtype_size(t.dtype)), t.dtype, n, 1);
+}
+
+}  // namespace
+
+void CpuBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
+  RT_CHECK(x.numel() == y.numel(), "gelu_tanh of ", x.numel(), " elements into ", y.numel());
+  const bool avx512 = use_avx512();
+  parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
+    float xb[kBlock], yb[kBlock];
+    for (int64_t b = lo; b < hi; b += kBlock) {
+      const int64_t n = std::min(kBlock, hi - b);
+      const float* xs = span_f32(x, b, n, xb);
+      float* ys = out_span(y, b, yb);
+      if (avx512)
+        gelu_tanh_avx512(xs, ys, n);
+      else
+        gelu_tanh_base(xs, ys, n);
+      commit_span(y, b, n, ys);
+    }
+  });
+}
+
+void CpuBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_tanh_backward sizes differ");
+  const bool avx512 = use_avx512();
+  parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
+    float xb[kBlock], db[kBlock], ob[kBlock];
+    for (int64_t b = lo; b < hi; b += kBlock) {
+      const int64_t n = std::min(kBlock, hi - b);
+      const float* xs = span_f32(x, b, n, xb);
+      const float* ds = span_f32(dy, b, n, db);
+      float* os = out_span(dx, b, ob);
+      if (avx512)
+        gelu_tanh_grad_avx512(xs, ds, os, n);
+      else
+        gelu_tanh_grad_base(xs, ds, os, n);
+      commit_span(dx, b, n, os);
+    }
+  });
+}
+
+}  // namespace ringtrain::kernels::cpu

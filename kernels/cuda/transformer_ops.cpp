@@ -1,0 +1,159 @@
+// CudaBackend's transformer ops: shape and dtype checks (shared with the CPU backend where
+// kernels/kernels.cpp has them), scratch for the reductions, then the kernels of
+// transformer.cu. Only token_xent waits for the stream (it returns the loss). Token ids are
+// not range-checked here: the token loader validates them against the model's vocabulary
+// on the host before they are uploaded.
+#include <cstring>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/launch.hpp"
+
+namespace ringtrain::kernels::cuda {
+
+void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                                    const Tensor& y) {
+  check_embedding_shapes(tokens, wte, wpe, y);
+  RT_CHECK(!wpe || wpe->dtype == wte.dtype, "token and positional embeddings differ in dtype");
+  check_device(tokens, "tokens");
+  check_device(wte, "token embedding");
+  if (wpe) check_device(*wpe, "positional embedding");
+  check_device(y, "embedding output");
+  launch_embedding_fwd(tokens.as<int32_t>(), wte.data, wpe ? wpe->data : nullptr, wte.dtype, y.data,
+                       y.dtype, tokens.numel(), tokens.dim(1), wte.dim(1), stream());
+}
+
+void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                                     const Tensor* dwpe) {
+  check_embedding_shapes(tokens, dwte, dwpe, dy);
+  RT_CHECK(dwte.dtype == DType::f32 && (!dwpe || dwpe->dtype == DType::f32),
+           "embedding gradients are accumulated in fp32 tensors");
+  check_device(tokens, "tokens");
+  check_device(dy, "embedding output gradient");
+  check_device(dwte, "token embedding gradient");
+  CUDA_CHECK(cudaMemsetAsync(dwte.data, 0, dwte.bytes(), stream()));
+  if (dwpe) {
+    check_device(*dwpe, "positional embedding gradient");
+    CUDA_CHECK(cudaMemsetAsync(dwpe->data, 0, dwpe->bytes(), stream()));
+  }
+  launch_embedding_bwd(tokens.as<int32_t>(), dy.data, dy.dtype, dwte.as<float>(),
+                       dwpe ? dwpe->as<float>() : nullptr, tokens.numel(), tokens.dim(1),
+                       dwte.dim(1), stream());
+}
+
+void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    float eps, const Tensor& y, const Tensor& mean,
+                                    const Tensor& rstd) {
+  const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
+  RT_CHECK(beta.numel() == c && beta.dtype == DType::f32 && y.numel() == x.numel() &&
+               mean.numel() == rows && rstd.numel() == rows && mean.dtype == DType::f32 &&
+               rstd.dtype == DType::f32,
+           "layer norm tensors do not match ", rows, " rows of ", c);
+  for (const Tensor* t : {&x, &gamma, &beta, &y, &mean, &rstd}) check_device(*t, "layer norm");
+  launch_layernorm_fwd(x.data, x.dtype, gamma.as<float>(), beta.as<float>(), eps, y.data, y.dtype,
+                       mean.as<float>(), rstd.as<float>(), rows, c, stream());
+}
+
+void CudaBackend::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                     const Tensor& dgamma, const Tensor& dbeta) {
+  const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
+  RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype == dy.dtype &&
+               dgamma.numel() == c && dbeta.numel() == c && dgamma.dtype == DType::f32 &&
+               dbeta.dtype == DType::f32 && mean.numel() == rows && rstd.numel() == rows,
+           "layer norm gradient tensors do not match ", rows, " rows of ", c);
+  for (const Tensor* t : {&x, &dy, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta})
+    check_device(*t, "layer norm gradient");
+  auto* partial = static_cast<float*>(scratch(kScratchA, size_t(2 * kLayerNormSlices * c) * 4));
+  launch_layernorm_bwd(x.data, x.dtype, dy.data, dx.data, dx.dtype, gamma.as<float>(),
+                       mean.as<float>(), rstd.as<float>(), partial, dgamma.as<float>(),
+                       dbeta.as<float>(), rows, c, stream());
+}
+
+void CudaBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse) {
+  const AttentionDims d = attention_dims(heads, qkv, out, lse);
+  RT_CHECK(out.dtype == qkv.dtype, "attention output ", dtype_name(out.dtype), " for qkv ",
+           dtype_name(qkv.dtype));
+  RT_CHECK(d.hs <= kMaxAttentionHeadSize, "attention head size ", d.hs, " is above the ",
+           kMaxAttentionHeadSize, " the CUDA kernel holds");
+  for (const Tensor* t : {&qkv, &out, &lse}) check_device(*t, "attention");
+  launch_attention_fwd(qkv.data, out.data, qkv.dtype, lse.as<float>(), d.b, d.t, d.heads, d.hs,
+                       stream());
+}
+
+void CudaBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
+  const AttentionDims d = attention_dims(heads, qkv, out, lse);
+  RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel() && out.dtype == qkv.dtype &&
+               dout.dtype == qkv.dtype && dqkv.dtype == qkv.dtype,
+           "attention gradients must match qkv ", shape_str(qkv.shape), " ", dtype_name(qkv.dtype));
+  RT_CHECK(d.hs <= kMaxAttentionHeadSize, "attention head size ", d.hs, " is above the ",
+           kMaxAttentionHeadSize, " the CUDA kernel holds");
+  for (const Tensor* t : {&qkv, &out, &dout, &lse, &dqkv}) check_device(*t, "attention gradient");
+  auto* delta = static_cast<float*>(scratch(kScratchA, size_t(d.b * d.heads * d.t) * 4));
+  launch_attention_bwd(qkv.data, out.data, dout.data, qkv.dtype, lse.as<float>(), delta, dqkv.data,
+                       d.b, d.t, d.heads, d.hs, stream());
+}
+
+void CudaBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
+  RT_CHECK(x.numel() == y.numel(), "gelu_tanh of ", x.numel(), " elements into ", y.numel());
+  check_device(x, "gelu input");
+  check_device(y, "gelu output");
+  launch_gelu_tanh(x.data, x.dtype, y.data, y.dtype, x.numel(), stream());
+}
+
+void CudaBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_tanh_backward sizes differ");
+  check_device(x, "gelu input");
+  check_device(dy, "gelu output gradient");
+  check_device(dx, "gelu input gradient");
+  launch_gelu_tanh_backward(x.data, x.dtype, dy.data, dy.dtype, dx.data, dx.dtype, x.numel(),
+                            stream());
+}
+
+XentResult CudaBackend::token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                                   float grad_scale, const Tensor* dlogits) {
+  RT_CHECK(logits.dtype == DType::f32 && targets.dtype == DType::i32 && !logits.shape.empty(),
+           "token_xent takes fp32 logits and i32 targets");
+  const int64_t vp = logits.shape.back(), rows = logits.numel() / (vp ? vp : 1);
+  RT_CHECK(vocab > 0 && vocab <= vp && targets.numel() == rows, "token_xent: ", targets.numel(),
+           " targets for logits ", shape_str(logits.shape), " over a vocabulary of ", vocab);
+  RT_CHECK(!dlogits || (dlogits->dtype == DType::f32 && dlogits->numel() == logits.numel()),
+           "token_xent gradient must be fp32 like the logits");
+  check_device(logits, "logits");
+  check_device(targets, "targets");
+  if (dlogits) check_device(*dlogits, "logit gradients");
+  const size_t need = size_t(rows) * 12 + 16;
+  char* dev = static_cast<char*>(scratch(kReduce, need));
+  auto* row_loss = reinterpret_cast<double*>(dev);
+  auto* row_correct = reinterpret_cast<int32_t*>(dev + size_t(rows) * 8);
+  auto* bad = reinterpret_cast<int32_t*>(dev + size_t(rows) * 12);
+  CUDA_CHECK(cudaMemsetAsync(bad, 0, 4, stream()));
+  launch_token_xent(logits.as<float>(), targets.as<int32_t>(), rows, vp, vocab,
+                    grad_scale / float(rows), dlogits ? dlogits->as<float>() : nullptr, row_loss,
+                    row_correct, bad, stream());
+  // Read back and summed on the host in row order, as the CPU backend sums.
+  std::vector<char> host(need);
+  char* dst = need <= DeviceRuntime::kPinnedBytes ? static_cast<char*>(rt_.pinned()) : host.data();
+  CUDA_CHECK(cudaMemcpyAsync(dst, dev, need, cudaMemcpyDeviceToHost, stream()));
+  wait();
+  int32_t bad_target = 0;
+  std::memcpy(&bad_target, dst + size_t(rows) * 12, 4);
+  RT_CHECK(bad_target == 0, "a target outside the vocabulary [0, ", vocab, ") in ", rows,
+           " tokens");
+  XentResult res;
+  for (int64_t r = 0; r < rows; ++r) {
+    double l = 0;
+    int32_t ok = 0;
+    std::memcpy(&l, dst + size_t(r) * 8, 8);
+    std::memcpy(&ok, dst + size_t(rows) * 8 + size_t(r) * 4, 4);
+    res.loss_sum += l;
+    res.correct += ok;
+  }
+  return res;
+}
+
+}  // namespace ringtrain::kernels::cuda
