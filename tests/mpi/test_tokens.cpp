@@ -45,9 +45,9 @@ TEST(TokenWindowsAcrossRanks, RankSlicesGatherToTheOneRankBatch) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, 2) << "registered at 1 rank, where there is nothing to compare";
   io::TokenDataset data(spec);
-  data.set_seq_len(
-      16);  // shards of 1666-1667 tokens: 3 x 104 = 312 windows, 6 batches of 48 an epoch
   const int64_t g = 48, t = 16;
+  // Shards of 1666-1667 tokens: 3 x 104 = 312 windows, 6 batches of 48 an epoch.
+  data.set_seq_len(t);
   io::TokenDataset whole(spec);  // the one-rank reference, read by every rank for itself
   whole.set_seq_len(t);
   for (int64_t resume_at : {int64_t(0), int64_t(9)}) {
