@@ -172,6 +172,28 @@ void TokenDataset::read_windows(const int64_t* idx, int64_t n, int32_t* x, int32
   }
 }
 
+void require_data_kind(const std::string& path, DataKind have, DataKind want,
+                       const std::string& model) {
+  RT_REQUIRE(have == want, "dataset '", path, "' holds ",
+             have == DataKind::tokens   ? "a token stream"
+             : have == DataKind::images ? "images and labels"
+                                        : "neither images nor tokens",
+             ", but model '", model, "' takes ",
+             want == DataKind::tokens
+                 ? "tokens (convert text with `ringtrain convert text`)"
+                 : "images and labels (`ringtrain convert idx|npy|images|cifar`)");
+}
+
+void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int64_t model_vocab,
+                              int64_t model_context, const std::string& model) {
+  RT_REQUIRE(info.vocab_size <= model_vocab, "token dataset '", info.path, "' has vocab_size ",
+             info.vocab_size, ", larger than model '", model, "''s embedding of ", model_vocab,
+             " tokens; use a model with a vocabulary of at least ", info.vocab_size);
+  RT_REQUIRE(seq_len <= model_context, "--seq-len ", seq_len, " is longer than model '", model,
+             "''s context of ", model_context, " positions (for data '", info.path,
+             "'); use --seq-len ", model_context, " or less");
+}
+
 void write_token_file(const std::string& path, const uint32_t* tokens, int64_t n,
                       const std::vector<int64_t>& docs, int64_t vocab_size,
                       const std::string& tokenizer, const std::string& split) {

@@ -91,6 +91,15 @@ class TokenDataset {
   std::vector<int64_t> offsets_;  // first global window of each shard, plus the total
 };
 
+// The data side of the checks between a dataset and the model given it (input errors naming
+// the file, the model and the numbers): the data's kind must be the one the model takes;
+// for tokens, the vocabulary must fit the model's embedding (vocab_size <= model_vocab) and
+// the windows its context (seq_len <= model_context).
+void require_data_kind(const std::string& path, DataKind have, DataKind want,
+                       const std::string& model);
+void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int64_t model_vocab,
+                              int64_t model_context, const std::string& model);
+
 // Writes one token file (format v1) at `path` from the stream tokens[0..n) (n >= 1) with the
 // given document start offsets (docs.front() == 0, increasing, each < n). /tokens is stored
 // as the narrowest of uint8/uint16/uint32 that holds vocab_size, chunked (about 1 MiB),

@@ -253,6 +253,25 @@ TEST_F(TokensTest, ImageAndTokenFilesAreNotTakenForEachOther) {
   expect_input_error([&] { Dataset d(path("tok.h5")); }, "holds a token stream");
 }
 
+TEST_F(TokensTest, ModelFitChecksNameTheFileTheModelAndTheNumbers) {
+  TokenDatasetInfo info;
+  info.path = "data/py-val.h5";
+  info.vocab_size = 256;
+  require_tokens_fit_model(info, 64, 256, 64, "gpt-tiny");  // fits exactly
+  expect_input_error(
+      [&] { require_tokens_fit_model(info, 64, 128, 64, "small"); },
+      "'data/py-val.h5' has vocab_size 256, larger than model 'small''s embedding of "
+      "128 tokens");
+  expect_input_error([&] { require_tokens_fit_model(info, 65, 256, 64, "gpt-tiny"); },
+                     "--seq-len 65 is longer than model 'gpt-tiny''s context of 64 positions");
+  require_data_kind("t.h5", DataKind::tokens, DataKind::tokens, "gpt-tiny");
+  expect_input_error(
+      [&] { require_data_kind("i.h5", DataKind::images, DataKind::tokens, "gpt-tiny"); },
+      "dataset 'i.h5' holds images and labels, but model 'gpt-tiny' takes tokens");
+  expect_input_error([&] { require_data_kind("t.h5", DataKind::tokens, DataKind::images, "mlp"); },
+                     "dataset 't.h5' holds a token stream, but model 'mlp' takes images");
+}
+
 // The windows of `steps` global batches, gathered from W loaders (one per rank).
 std::vector<int32_t> windows_seen(TokenDataset& d, int world, int64_t global, int steps,
                                   int64_t start_epoch = 0, int64_t start_pos = 0,
