@@ -173,15 +173,13 @@ void TokenDataset::read_windows(const int64_t* idx, int64_t n, int32_t* x, int32
 }
 
 void require_data_kind(const std::string& path, DataKind have, DataKind want,
-                       const std::string& model) {
-  RT_REQUIRE(have == want, "dataset '", path, "' holds ",
-             have == DataKind::tokens   ? "a token stream"
-             : have == DataKind::images ? "images and labels"
-                                        : "neither images nor tokens",
-             ", but model '", model, "' takes ",
-             want == DataKind::tokens
-                 ? "tokens (convert text with `ringtrain convert text`)"
-                 : "images and labels (`ringtrain convert idx|npy|images|cifar`)");
+                       const std::string& who) {
+  if (have == DataKind::unknown) return;  // the reader of the wanted kind says what is wrong
+  RT_REQUIRE(
+      have == want, "dataset '", path, "' holds ",
+      have == DataKind::tokens ? "a token stream" : "images and labels", ", but ", who, " takes ",
+      want == DataKind::tokens ? "tokens (convert text with `ringtrain convert text`)"
+                               : "images and labels (`ringtrain convert idx|npy|images|cifar`)");
 }
 
 void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int64_t model_vocab,

@@ -94,9 +94,11 @@ class TokenDataset {
 // The data side of the checks between a dataset and the model given it (input errors naming
 // the file, the model and the numbers): the data's kind must be the one the model takes;
 // for tokens, the vocabulary must fit the model's embedding (vocab_size <= model_vocab) and
-// the windows its context (seq_len <= model_context).
+// the windows its context (seq_len <= model_context). Data of an unknown kind passes
+// require_data_kind: the reader of the wanted kind then names what is wrong with it.
+// `who` names the model: "model 'mlp'", "the model of checkpoint 'C'".
 void require_data_kind(const std::string& path, DataKind have, DataKind want,
-                       const std::string& model);
+                       const std::string& who);
 void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int64_t model_vocab,
                               int64_t model_context, const std::string& model);
 

@@ -169,6 +169,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     const Device device = choose_device(cfg.device, comm);
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *backend);
+    io::require_data_kind(cfg.data, io::data_kind_of(cfg.data), io::DataKind::images,
+                          cat("the model of checkpoint '", cfg.checkpoint, "'"));
     data = std::make_unique<io::Dataset>(cfg.data);
     require_data_fits(*loaded.model, data->info(), cfg.checkpoint);
     if (comm.rank() == 0) names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());

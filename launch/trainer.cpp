@@ -117,9 +117,14 @@ std::string duration_str(double seconds) {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
+  // The models here take images: token data is named as such, not as a damaged dataset.
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
+                        cat("model '", cfg_.model, "'"));
   data_ = std::make_unique<io::Dataset>(cfg_.data);
   const auto& info = data_->info();
   if (!cfg_.val_data.empty()) {
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
+                          cat("model '", cfg_.model, "'"));
     val_ = std::make_unique<io::Dataset>(cfg_.val_data);
     RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
                "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",

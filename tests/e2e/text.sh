@@ -73,7 +73,10 @@ set -e
 set +e
 err=$(mpi 2 "$BIN" train --data data/t-00000-of-00002.h5 --steps 1 2>&1 >/dev/null); rc=$?
 set -e
-{ [[ $rc -eq 1 ]] && contains "t-00000-of-00002.h5' holds a token stream" <<<"$err"; } \
+[[ $(grep -c "holds a token stream" <<<"$err") -eq 1 ]] || fail "one message at 2 ranks: $err"
+set +e
+set -e
+{ [[ $rc -eq 1 ]] && contains "t-00000-of-00002.h5' holds a token stream, but model 'mlp' takes images" <<<"$err"; } \
   || fail "token data to an image model: $rc $err"
 set +e
 err=$("$BIN" eval --data data/t-val.h5 --baselines data/t-00000-of-00002.h5 --seq-len 200 2>&1); rc=$?

@@ -264,12 +264,13 @@ TEST_F(TokensTest, ModelFitChecksNameTheFileTheModelAndTheNumbers) {
       "128 tokens");
   expect_input_error([&] { require_tokens_fit_model(info, 65, 256, 64, "gpt-tiny"); },
                      "--seq-len 65 is longer than model 'gpt-tiny''s context of 64 positions");
-  require_data_kind("t.h5", DataKind::tokens, DataKind::tokens, "gpt-tiny");
+  require_data_kind("t.h5", DataKind::tokens, DataKind::tokens, "model 'gpt-tiny'");
   expect_input_error(
-      [&] { require_data_kind("i.h5", DataKind::images, DataKind::tokens, "gpt-tiny"); },
+      [&] { require_data_kind("i.h5", DataKind::images, DataKind::tokens, "model 'gpt-tiny'"); },
       "dataset 'i.h5' holds images and labels, but model 'gpt-tiny' takes tokens");
-  expect_input_error([&] { require_data_kind("t.h5", DataKind::tokens, DataKind::images, "mlp"); },
-                     "dataset 't.h5' holds a token stream, but model 'mlp' takes images");
+  expect_input_error(
+      [&] { require_data_kind("t.h5", DataKind::tokens, DataKind::images, "model 'mlp'"); },
+      "dataset 't.h5' holds a token stream, but model 'mlp' takes images");
 }
 
 // The windows of `steps` global batches, gathered from W loaders (one per rank).
