@@ -47,9 +47,13 @@ std::vector<std::string> expand_one(const std::string& spec) {
     // The directory before the first "**", walked; the rest matched as one pattern.
     const size_t slash = spec.rfind('/', star2);
     const std::string root = slash == std::string::npos ? "." : spec.substr(0, slash + 1);
-    std::string pattern = slash == std::string::npos ? "./" + spec : spec;
-    for (size_t at; (at = pattern.find("**/")) != std::string::npos;) pattern.replace(at, 3, "*");
-    for (size_t at; (at = pattern.find("**")) != std::string::npos;) pattern.replace(at, 2, "*");
+    const std::string raw = slash == std::string::npos ? std::string("./").append(spec) : spec;
+    std::string pattern;  // "**/" and "**" become "*", which fnmatch lets cross '/'
+    for (size_t i = 0; i < raw.size();) {
+      const size_t skip = raw.compare(i, 3, "**/") == 0 ? 3 : raw.compare(i, 2, "**") == 0 ? 2 : 0;
+      pattern += skip ? '*' : raw[i];
+      i += skip ? skip : 1;
+    }
     std::vector<std::string> files = walk(root, pattern);
     if (slash == std::string::npos)
       for (auto& f : files) f.erase(0, f.compare(0, 2, "./") == 0 ? 2 : 0);
