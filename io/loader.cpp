@@ -74,7 +74,7 @@ void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int
 
 Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
                const Normalization& norm, int prefetch, Augment augment)
-    : data_(data),
+    : images_(&data),
       seed_(seed),
       global_batch_(global_batch),
       rank_(rank),
@@ -85,15 +85,31 @@ Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int
              "--augment needs image "
              "samples [C, H, W]; dataset '",
              data.info().path, "' has samples of shape ", shape_str(data.info().sample_shape));
-  RT_REQUIRE(global_batch > 0, "the global batch size must be positive, got ", global_batch);
-  RT_REQUIRE(global_batch % world == 0, "global batch size ", global_batch, " does not divide by ",
-             world, " ranks; use a multiple of ", world, " (or set --batch-size per rank)");
-  RT_REQUIRE(global_batch <= data.info().num_samples, "global batch size ", global_batch,
-             " is larger than dataset '", data.info().path, "' (", data.info().num_samples,
-             " samples)");
-  RT_REQUIRE(prefetch >= 0, "--prefetch ", prefetch, " is negative");
-  local_batch_ = global_batch / world;
-  slots_.resize(size_t(prefetch) + 1);
+  init(data.info().num_samples, data.info().path, world);
+}
+
+Loader::Loader(TokenDataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
+               int prefetch)
+    : tokens_(&data), seed_(seed), global_batch_(global_batch), rank_(rank), prefetch_(prefetch) {
+  RT_CHECK(data.seq_len() > 0, "a token loader before set_seq_len");
+  RT_REQUIRE(global_batch <= data.num_windows(), "global batch size ", global_batch,
+             " is larger than token dataset '", data.info().path, "' (", data.num_windows(),
+             " windows of ", data.seq_len(), " tokens)");
+  init(data.num_windows(), data.info().path, world);
+}
+
+void Loader::init(int64_t num_samples, const std::string& path, int world) {
+  num_samples_ = num_samples;
+  path_ = path;
+  RT_REQUIRE(global_batch_ > 0, "the global batch size must be positive, got ", global_batch_);
+  RT_REQUIRE(global_batch_ % world == 0, "global batch size ", global_batch_,
+             " does not divide by ", world, " ranks; use a multiple of ", world,
+             " (or set --batch-size per rank)");
+  RT_REQUIRE(global_batch_ <= num_samples, "global batch size ", global_batch_,
+             " is larger than dataset '", path, "' (", num_samples, " samples)");
+  RT_REQUIRE(prefetch_ >= 0, "--prefetch ", prefetch_, " is negative");
+  local_batch_ = global_batch_ / world;
+  slots_.resize(size_t(prefetch_) + 1);
 }
 
 Loader::~Loader() {
@@ -107,15 +123,15 @@ Loader::~Loader() {
 
 void Loader::seek(int64_t epoch, int64_t position) {
   RT_CHECK(!started_, "seek after the loader started");
-  RT_REQUIRE(epoch >= 0 && position >= 0 && position <= data_.info().num_samples,
-             "data position (epoch ", epoch, ", sample ", position, ") does not fit dataset '",
-             data_.info().path, "' of ", data_.info().num_samples, " samples");
+  RT_REQUIRE(epoch >= 0 && position >= 0 && position <= num_samples_, "data position (epoch ",
+             epoch, ", sample ", position, ") does not fit dataset '", path_, "' of ", num_samples_,
+             " samples");
   epoch_ = next_epoch_ = epoch;
   position_ = next_position_ = position;
 }
 
 void Loader::advance(int64_t& epoch, int64_t& position) const {
-  if (position + global_batch_ > data_.info().num_samples) {  // drop the partial last batch
+  if (position + global_batch_ > num_samples_) {  // drop the partial last batch
     ++epoch;
     position = 0;
   }
@@ -123,23 +139,32 @@ void Loader::advance(int64_t& epoch, int64_t& position) const {
 
 void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
   maybe_inject_fault("read");
-  const int64_t n = data_.info().num_samples;
   if (perm_epoch_ != epoch) {
-    perm_ = epoch_permutation(seed_, epoch, n);
+    perm_ = epoch_permutation(seed_, epoch, num_samples_);
     perm_epoch_ = epoch;
   }
-  Shape xs = {local_batch_};
-  xs.insert(xs.end(), data_.info().sample_shape.begin(), data_.info().sample_shape.end());
-  // Host memory whatever DeviceScope the caller is in (the Trainer uploads it for a GPU).
-  slot.batch.x = slot.x.ensure(xs, DType::f32, Device{});
-  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32, Device{});
   slot.batch.epoch = epoch;
   slot.batch.position = position;
   const int64_t* idx = perm_.data() + position + int64_t(rank_) * local_batch_;
-  data_.read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), norm_);
+  // Host memory whatever DeviceScope the caller is in (the Trainer uploads it for a GPU).
+  if (tokens_) {
+    const int64_t t = tokens_->seq_len();
+    slot.batch.kind = DataKind::tokens;
+    slot.batch.x = slot.x.ensure({local_batch_, t}, DType::i32, Device{});
+    slot.batch.y = slot.y.ensure({local_batch_, t}, DType::i32, Device{});
+    tokens_->read_windows(idx, local_batch_, slot.batch.x.as<int32_t>(),
+                          slot.batch.y.as<int32_t>());
+    return;
+  }
+  const Shape& ss = images_->info().sample_shape;
+  Shape xs = {local_batch_};
+  xs.insert(xs.end(), ss.begin(), ss.end());
+  slot.batch.kind = DataKind::images;
+  slot.batch.x = slot.x.ensure(xs, DType::f32, Device{});
+  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32, Device{});
+  images_->read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), norm_);
   if (augment_.any())
-    augment_samples(augment_, seed_, epoch, idx, local_batch_, data_.info().sample_shape, norm_,
-                    slot.batch.x.as<float>());
+    augment_samples(augment_, seed_, epoch, idx, local_batch_, ss, norm_, slot.batch.x.as<float>());
 }
 
 void Loader::produce() {

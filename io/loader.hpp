@@ -1,6 +1,8 @@
 // Loader: the data order of design.md. Epoch e visits perm(seed, e) of all N samples;
 // global batch k is positions [k*G, (k+1)*G); rank r of W takes the r-th of W equal
-// contiguous slices. So the samples a step trains on do not depend on W.
+// contiguous slices. So the samples a step trains on do not depend on W. A sample is an
+// image with its label, or for a token dataset a window of T + 1 tokens (io/tokens.hpp):
+// the same rule over window indices.
 // With prefetch > 0 a background thread reads that many batches ahead into reusable
 // buffers; the consumer-side position (epoch, next permutation position) is what a
 // checkpoint stores. Augmentation (--augment) runs in the same thread, after the read, with
@@ -18,6 +20,7 @@
 
 #include "core/tensor.hpp"
 #include "io/dataset.hpp"
+#include "io/tokens.hpp"
 
 namespace ringtrain::io {
 
@@ -39,8 +42,9 @@ void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int
                      int64_t n, const Shape& sample_shape, const Normalization& norm, float* x);
 
 struct Batch {
-  Tensor x;                         // [B, sample...] float32, normalised
-  Tensor y;                         // [B] int32
+  DataKind kind = DataKind::images;
+  Tensor x;  // images: [B, sample...] float32, normalised; tokens: [B, T] int32 inputs
+  Tensor y;  // images: [B] int32 labels; tokens: [B, T] int32 targets (inputs shifted by 1)
   int64_t epoch = 0, position = 0;  // where this batch starts in the epoch permutation
 };
 
@@ -49,11 +53,15 @@ class Loader {
   // Input error when the global batch does not divide by `world` or exceeds the dataset.
   Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
          const Normalization& norm, int prefetch = 0, Augment augment = {});
+  // Windows of data.seq_len() tokens (set_seq_len() first); the same rules.
+  Loader(TokenDataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
+         int prefetch = 0);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  int64_t steps_per_epoch() const { return data_.info().num_samples / global_batch_; }
+  int64_t steps_per_epoch() const { return num_samples_ / global_batch_; }
+  int64_t num_samples() const { return num_samples_; }  // images, or windows
   int64_t local_batch() const { return local_batch_; }
   // Where the next batch handed out starts (a checkpoint records this).
   int64_t epoch() const { return epoch_; }
@@ -75,8 +83,13 @@ class Loader {
   void advance(int64_t& epoch, int64_t& position) const;  // to the start of a full batch
   void fill(Slot& slot, int64_t epoch, int64_t position);
   void produce();  // the prefetch thread
+  // Checks shared by both constructors, against N samples of the dataset at `path`.
+  void init(int64_t num_samples, const std::string& path, int world);
 
-  Dataset& data_;
+  Dataset* images_ = nullptr;  // one of these two is the data
+  TokenDataset* tokens_ = nullptr;
+  int64_t num_samples_ = 0;
+  std::string path_;
   uint64_t seed_;
   int64_t global_batch_, local_batch_;
   int rank_;

@@ -68,6 +68,9 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   file_ = open_file_readonly(path_, "dataset");
   const std::string what = cat("dataset '", path_, "'");
   auto format = read_attr_string(file_, "format");
+  RT_REQUIRE(!(format && *format == "ringtrain-tokens"), what,
+             " holds a token stream (format 'ringtrain-tokens'), not images and labels; a model "
+             "that takes images cannot train on it (a language model, e.g. gpt-tiny, can)");
   RT_REQUIRE(format && *format == kDatasetFormat, what,
              " is not a ringtrain dataset: root attribute 'format' is ",
              format ? "'" + *format + "'" : std::string("missing"), "; expected '", kDatasetFormat,

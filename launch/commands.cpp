@@ -11,8 +11,10 @@
 #include "io/checkpoint.hpp"
 #include "io/convert_output.hpp"
 #include "io/convert_source.hpp"
+#include "io/convert_text.hpp"
 #include "io/hdf5.hpp"
 #include "io/idx.hpp"
+#include "io/token_baselines.hpp"
 #include "launch/device.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
@@ -121,11 +123,44 @@ void print_per_class(const std::vector<ClassFigures>& f, const std::vector<doubl
   }
 }
 
+// eval --baselines: rank 0 counts the training split and scores the n-gram models on the
+// evaluated split (the other ranks wait for the outcome); prints them and writes a record.
+void print_baselines(const EvalConfig& cfg, comm::Communicator& comm) {
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    io::TokenDataset train(cfg.baselines), val(cfg.data);
+    const io::NgramCounts counts = io::count_ngrams(train);
+    const io::BaselineLoss b = io::baseline_loss(counts, val, cfg.seq_len);
+    // Byte tokens: one byte per token, so bits/byte = nats/token / ln 2.
+    const double bits = 1.0 / std::log(2.0);
+    const std::string windows =
+        cfg.seq_len > 0 ? cat("windows of ", cfg.seq_len, " tokens") : std::string("every token");
+    std::printf(
+        "baselines on %s (%lld target tokens, %s), counted on %s (%lld tokens), add-one "
+        "smoothing:\n",
+        cfg.data.c_str(), static_cast<long long>(b.targets), windows.c_str(), cfg.baselines.c_str(),
+        static_cast<long long>(counts.tokens));
+    std::printf("  unigram  %.4f nats/token  %.4f bits/byte\n", b.unigram, b.unigram * bits);
+    std::printf("  bigram   %.4f nats/token  %.4f bits/byte\n", b.bigram, b.bigram * bits);
+    MetricsWriter metrics(cfg.metrics);
+    metrics.write(JsonLine()
+                      .add("type", "baseline")
+                      .add("split", cfg.data)
+                      .add("train", cfg.baselines)
+                      .add("seq_len", cfg.seq_len)
+                      .add("targets", b.targets)
+                      .add("unigram", b.unigram)
+                      .add("bigram", b.bigram));
+  });
+}
+
 }  // namespace
 
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   EvalConfig cfg;
   if (!parse_agreed(parse_eval, args, cfg, comm)) return 0;
+  if (!cfg.baselines.empty()) print_baselines(cfg, comm);
+  if (cfg.checkpoint.empty()) return 0;
   LoadedModel loaded;
   std::unique_ptr<io::Dataset> data;
   std::unique_ptr<kernels::Backend> backend;
@@ -135,6 +170,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     load_plugins(cfg.plugins);
     loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *backend);
+    io::require_data_kind(cfg.data, io::data_kind_of(cfg.data), io::DataKind::images,
+                          cat("the model of checkpoint '", cfg.checkpoint, "'"));
     data = std::make_unique<io::Dataset>(cfg.data);
     require_data_fits(*loaded.model, data->info(), cfg.checkpoint);
     if (comm.rank() == 0) names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
@@ -271,6 +308,34 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
   return 0;
 }
 
+// convert text: one writer (the corpus is read once; tokenising is a copy); the other ranks
+// (if any) only wait for the outcome.
+int convert_text_on_rank0(const ConvertConfig& cfg, comm::Communicator& comm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    const io::TextConvertResult r =
+        io::convert_text(cfg.inputs, cfg.out, cfg.shards, cfg.val_fraction);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string where = r.train_files.size() == 1
+                                  ? r.train_files[0]
+                                  : cat(r.train_files.front(), " ... ", r.train_files.back(), " (",
+                                        r.train_files.size(), " shards)");
+    std::printf("wrote %s: %lld tokens (bytes, vocabulary 256) of %lld documents from %lld files\n",
+                where.c_str(), static_cast<long long>(r.train_tokens),
+                static_cast<long long>(r.documents - r.val_documents),
+                static_cast<long long>(r.files));
+    if (!r.val_file.empty())
+      std::printf("wrote %s: %lld tokens of %lld documents (validation, %.1f%% of the tokens)\n",
+                  r.val_file.c_str(), static_cast<long long>(r.val_tokens),
+                  static_cast<long long>(r.val_documents),
+                  100.0 * double(r.val_tokens) / double(r.val_tokens + r.train_tokens));
+    std::printf("%.2f s\n", secs);
+  });
+  return 0;
+}
+
 }  // namespace
 
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) {
@@ -280,6 +345,7 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
       "  npy     --images X.npy|X.npz[:KEY] [--labels Y.npy|Y.npz[:KEY]] [--layout nchw|nhwc]\n"
       "  images  --root DIR [--size H,W]           ImageFolder: DIR/<class>/<image>.png|.jpg\n"
       "  cifar   --input FILE... [--cifar100]      CIFAR-10/100 binary batches\n"
+      "  text    --input FILE|DIR|GLOB... [--val-fraction F]   byte tokens for language models\n"
       "`ringtrain convert FORMAT --help` lists a format's options.\n";
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     if (comm.rank() == 0) std::cout << usage;
@@ -288,14 +354,18 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   std::vector<std::string> rest = args;
   agree(comm, [&] {
     RT_REQUIRE(!rest.empty() && (rest[0] == "idx" || rest[0] == "npy" || rest[0] == "images" ||
-                                 rest[0] == "cifar"),
-               "ringtrain convert: expected a source format: idx, npy, images or cifar, e.g. "
+                                 rest[0] == "cifar" || rest[0] == "text"),
+               "ringtrain convert: expected a source format: idx, npy, images, cifar or text, e.g. "
                "`ringtrain convert images --root DIR --out PATH`",
                rest.empty() ? "" : cat(" (got '", rest[0], "')"));
   });
   const std::string format = rest[0];
   rest.erase(rest.begin());
   ConvertConfig cfg;
+  if (format == "text") {
+    if (!parse_agreed(parse_convert_text, rest, cfg, comm)) return 0;
+    return convert_text_on_rank0(cfg, comm);
+  }
   if (format != "idx") {
     auto parse = format == "npy"      ? parse_convert_npy
                  : format == "images" ? parse_convert_images

@@ -82,6 +82,8 @@ struct TrainConfig {
 struct EvalConfig {
   std::string checkpoint, data;
   std::vector<std::string> plugins;
+  std::string baselines;  // token data: the training split the n-gram baselines count
+  int64_t seq_len = 0;    // token data: windows of this many targets (0: every token)
   int64_t batch_size = 256;
   DType precision = DType::f32;
   int threads = 0;
@@ -106,8 +108,9 @@ struct ConvertConfig {
   std::string size;                 // images: "H,W" (empty: every image has the first's size)
   int64_t height = 0, width = 0;    // parsed from size
   bool grayscale = false;           // images: 1 channel instead of RGB
-  std::vector<std::string> inputs;  // cifar: batch files, in order
+  std::vector<std::string> inputs;  // cifar: batch files, in order; text: files, dirs, globs
   bool cifar100 = false;
+  double val_fraction = 0.1;  // text: held out as OUT-val.h5 (0: none)
 };
 
 struct PredictConfig {

@@ -24,8 +24,8 @@ const char* kUsage =
     "  eval    --checkpoint FILE --data PATH   loss, accuracy and per-class figures\n"
     "  predict --checkpoint FILE --data PATH --out P.h5|P.npy\n"
     "                                          scores and top-k classes of every sample\n"
-    "  convert idx|npy|images|cifar ... --out PATH\n"
-    "                                          data to a ringtrain dataset\n"
+    "  convert idx|npy|images|cifar|text ... --out PATH\n"
+    "                                          data to a ringtrain dataset (text: byte tokens)\n"
     "  inspect FILE.h5                         what a dataset or checkpoint holds\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";

@@ -58,9 +58,17 @@ void show(const ModelShowConfig& c, const std::string& precision) {
   ModelFile f = ModelFile::load(c.model);
   for (const auto& v : c.model_vars) f.override_var(v.var, v.value, v.option);
   Shape input = c.input.empty() ? f.input_shape() : parse_shape(c.input);
+  // A language model's file states no input_shape (it takes any T up to its context): it is
+  // shown at [context] tokens, predicting its (padded) vocabulary.
+  const ExprScope vars = f.scope();
+  const bool token_model = f.has_var("context") && f.has_var("padded_vocab");
+  if (input.empty() && token_model) input = {vars.at("context").i};
   RT_REQUIRE(!input.empty(), "model show: model '", f.name(), "' (", f.origin(),
              ") states no input_shape; give --input C,H,W (e.g. --input 1,28,28)");
-  const int64_t classes = c.classes ? c.classes : f.classes() ? f.classes() : 10;
+  const int64_t classes = c.classes        ? c.classes
+                          : f.classes()    ? f.classes()
+                          : token_model    ? vars.at("padded_vocab").i
+                                           : 10;
   f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
   const ModelPlan plan = plan_model(f);
   const auto nodes = make_graph_nodes(f, plan);  // also checks init and share

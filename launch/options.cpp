@@ -535,10 +535,12 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   // clang-format off
   po::options_description data("data");
   data.add_options()
-      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
+      ("checkpoint", po::value(&c.checkpoint), "checkpoint file (ckpt-*.h5); may be left out with --baselines")
       ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("data", po::value(&c.data)->required(), "dataset to evaluate on")
-      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass");
+      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass")
+      ("baselines", po::value(&c.baselines), "token data: also print the unigram and bigram cross-entropy on --data, counted on this training split")
+      ("seq-len", value_or_default(&c.seq_len), "token data: windows of this many tokens (0: every token of the stream is a target)");
   po::options_description prec("precision");
   prec.add_options()
       ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute (the training precision is not implied)");
@@ -555,6 +557,10 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   desc.add(general_options()).add(data).add(prec).add(dev).add(obs).add(debug_options());
   po::variables_map vm;
   if (!parse("eval", desc, args, vm, help)) return false;
+  RT_REQUIRE(!c.checkpoint.empty() || !c.baselines.empty(),
+             "eval: --checkpoint FILE is required (or --baselines TRAIN, for the n-gram "
+             "baselines of token data alone)");
+  RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
@@ -645,6 +651,19 @@ bool parse_convert_cifar(const std::vector<std::string>& args, ConvertConfig& c,
       ("cifar100", po::bool_switch(&c.cifar100), "CIFAR-100 records (coarse and fine label; the fine label is used)");
   // clang-format on
   return parse_convert_format("convert cifar", in, args, c, help);
+}
+
+bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
+  po::options_description in("input");
+  // clang-format off
+  in.add_options()
+      ("input", po::value(&c.inputs)->required()->multitoken(), "text files, directories (all files below) or globs (** matches any directories), one document per file, in the order given")
+      ("val-fraction", value_or_default(&c.val_fraction), "held out as OUT-val.h5: every (1/F)-th document (or the last F of a corpus of fewer than 1/F documents); 0: none");
+  // clang-format on
+  if (!parse_convert_format("convert text", in, args, c, help)) return false;
+  RT_REQUIRE(c.val_fraction >= 0 && c.val_fraction < 1, "--val-fraction ", c.val_fraction,
+             " is not valid; expected a fraction in [0, 1), e.g. 0.1");
+  return true;
 }
 
 bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::string* help) {

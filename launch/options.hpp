@@ -21,6 +21,8 @@ bool parse_convert_images(const std::vector<std::string>& args, ConvertConfig& c
                           std::string* help);
 bool parse_convert_cifar(const std::vector<std::string>& args, ConvertConfig& cfg,
                          std::string* help);
+bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& cfg,
+                        std::string* help);
 bool parse_predict(const std::vector<std::string>& args, PredictConfig& cfg, std::string* help);
 
 }  // namespace ringtrain::launch

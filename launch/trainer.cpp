@@ -129,9 +129,14 @@ std::string duration_str(double seconds) {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
+  // The models here take images: token data is named as such, not as a damaged dataset.
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
+                        cat("model '", cfg_.model, "'"));
   data_ = std::make_unique<io::Dataset>(cfg_.data);
   const auto& info = data_->info();
   if (!cfg_.val_data.empty()) {
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
+                          cat("model '", cfg_.model, "'"));
     val_ = std::make_unique<io::Dataset>(cfg_.val_data);
     RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
                "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
@@ -289,7 +294,7 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   const Tensor xb = micro_rows(batch.x, micro, micro_batch_);
   const Tensor yb = micro_rows(batch.y, micro, micro_batch_);
   const Tensor* x = &xb;
-  if (cfg_.precision != DType::f32) {
+  if (cfg_.precision != DType::f32 && is_float(xb.dtype)) {  // token ids stay int32
     backend_->cast(xb, xc_.ensure(xb.shape, cfg_.precision));
     x = &xc_.view;
   }
@@ -297,7 +302,7 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
       model_->forward(ctx, *x, [&](size_t l, const Tensor& y) { numerics_->after_forward(l, y); });
   maybe_inject_fault("forward", step);
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
-  auto xent = backend_->softmax_xent(logits, yb, scale, &dlogits, cfg_.label_smoothing);
+  auto xent = loss_and_gradient(logits, yb, scale, dlogits);
   last_mark_ = Clock::now();
   if (tracing_) timeline_.span("forward + loss", "forward", 0, t0, last_mark_, step);
   if (!last) {  // no communication before the last micro-batch (DDP's no_sync)
@@ -311,6 +316,23 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
     reducer_->mark_ready(p);
   });
   return xent;
+}
+
+kernels::XentResult Trainer::loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
+                                               const Tensor& dlogits) {
+  if (logits.shape.size() != 3)
+    return backend_->softmax_xent(logits, y, scale, &dlogits, cfg_.label_smoothing);
+  // A language model: logits [B, T, V] against targets [B, T], the cross-entropy of every
+  // token over the data's vocabulary (the first `classes` of V, which may be padded). The
+  // loss is the mean over tokens; reported per sample as that mean (sum / T), and the
+  // correct predictions as whole samples' worth (correct tokens / T, rounded down).
+  RT_REQUIRE(cfg_.label_smoothing == 0.f, "--label-smoothing is for classifiers; a language "
+             "model's token loss takes none");
+  auto r = backend_->token_xent(logits, y, model_->classes(), scale, &dlogits);
+  const int64_t t = logits.dim(1);
+  r.loss_sum /= double(t);
+  r.correct /= t;
+  return r;
 }
 
 void Trainer::accumulate_micro_grads(int64_t micro) {

@@ -76,6 +76,10 @@ class Trainer {
   // one of a step hands its gradients to the reducer as they are ready.
   kernels::XentResult forward_backward(const io::Batch& batch, int64_t micro, float scale,
                                        int64_t step);
+  // The loss of the logits against the labels (classifier) or target tokens (language
+  // model: logits [B, T, V]), and dlogits.
+  kernels::XentResult loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
+                                        const Tensor& dlogits);
   void accumulate_micro_grads(int64_t micro);  // micro-batches before the last: into acc32_
   void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
   // Clip (by the norm whose square, summed over ranks, is `sum_sq` under --zero 1), then the

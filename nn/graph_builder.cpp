@@ -430,7 +430,16 @@ ModelPlan plan_model(const ModelFile& file) {
     plan.nodes.push_back(std::move(pn));
   }
   const PlannedNode& last = plan.nodes.back();
-  if (last.out != Shape{plan.classes})
+  // A language model: token ids [T] in, logits [T, V] out (one prediction per position), V
+  // the vocabulary padded as the file chooses, so at least the data's.
+  const bool per_token =
+      plan.input.size() == 1 && last.out.size() == 2 && last.out[0] == plan.input[0];
+  if (per_token && last.out[1] < plan.classes)
+    Expander::fail(file.where(*last.source), last.name,
+                   cat("the model predicts ", last.out[1], " tokens per position but the data's "
+                       "vocabulary has ", plan.classes, "; use a model with a vocabulary (padded_vocab) of at least ",
+                       plan.classes));
+  if (!per_token && last.out != Shape{plan.classes})
     Expander::fail(file.where(*last.source), last.name,
                    cat("the model's output has shape ", shape_str(last.out),
                        " per sample, but the data has ", plan.classes, " classes (expected [",

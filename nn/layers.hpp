@@ -140,12 +140,15 @@ class Layer {
   bool has_out_override_ = false, has_dtype_ = false;
 };
 
-// y = act(x W^T + b), x viewed as [N, in_features] whatever its shape.
+// y = act(x W^T + b), x viewed as [N, in_features] whatever its shape; with last_axis, x is
+// [..., in_features] and y keeps the leading dimensions ([B, T, C] -> [B, T, out]).
 class Linear final : public Layer {
  public:
   Linear(std::string name, int64_t in, int64_t out,
-         kernels::Activation act = kernels::Activation::none, bool bias = true)
-      : Layer(std::move(name)), in_(in), out_(out), act_(act), has_bias_(bias) {}
+         kernels::Activation act = kernels::Activation::none, bool bias = true,
+         bool last_axis = false)
+      : Layer(std::move(name)), in_(in), out_(out), act_(act), has_bias_(bias),
+        last_axis_(last_axis) {}
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -154,7 +157,7 @@ class Linear final : public Layer {
  private:
   int64_t in_, out_;
   kernels::Activation act_;
-  bool has_bias_;
+  bool has_bias_, last_axis_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
   Tensor x_;  // the input of the last forward, viewed 2-D, in this layer's dtype

@@ -1,7 +1,8 @@
-// The activation op: ReLU and GELU layers and the registration of `activation`.
+// The activation op: ReLU and GELU layers (GeluTanh: nn/ops/transformer.cpp) and the registration of `activation`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
 #include "nn/op_registry.hpp"
+#include "nn/transformer_layers.hpp"
 #include "ringtrain/model.pb.h"
 
 namespace ringtrain {
@@ -48,14 +49,16 @@ namespace {
 RINGTRAIN_REGISTER_OP(activation, OpDef{.name = "activation",
                                         .infer = [](const OpNode& n) -> Shape {
                                           const auto k = n.def.activation().kind();
-                                          RT_REQUIRE(k == pb::RELU || k == pb::GELU,
+                                          RT_REQUIRE(k == pb::RELU || k == pb::GELU || k == pb::GELU_TANH,
                                                      "activation kind ", pb::Activation_Name(k),
-                                                     " is not valid; expected RELU or GELU");
+                                                     " is not valid; expected RELU, GELU or GELU_TANH");
                                           return n.inputs[0];
                                         },
                                         .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
                                           if (n.def.activation().kind() == pb::GELU)
                                             return std::make_unique<GELU>(n.name);
+                                          if (n.def.activation().kind() == pb::GELU_TANH)
+                                            return std::make_unique<GeluTanh>(n.name);
                                           return std::make_unique<ReLU>(n.name);
                                         },
                                         .flops = nullptr});

@@ -24,10 +24,11 @@ void Linear::bind(std::vector<Param*> params) {
 }
 
 const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
-  const int64_t n = x.dim(0);
-  RT_REQUIRE(x.numel() == n * in_, "layer ", name(), " expects ", in_,
-             " input features per sample, got ", x.numel() / (n ? n : 1), " (input shape ",
-             shape_str(x.shape), ")");
+  // Rows: the samples, or with last_axis every position of every sample (tokens).
+  const int64_t n = last_axis_ ? x.numel() / in_ : x.dim(0);
+  RT_REQUIRE(x.numel() == n * in_ && (!last_axis_ || x.shape.back() == in_), "layer ", name(),
+             " expects ", in_, last_axis_ ? " features in its last dimension" : " input features per sample",
+             ", got input shape ", shape_str(x.shape));
   x_shape_ = x.shape;
   const Tensor& xi = in_dtype(ctx, x, xin_);
   x_ = Tensor(xi.data, {n, in_}, xi.dtype, xi.device);
@@ -37,11 +38,16 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
     ctx.backend.bias_add(y, bias_->master, act_);  // the bias from the fp32 masters
   else if (act_ == Activation::relu)
     ctx.backend.relu(y, y);
+  if (last_axis_) {  // computed as [rows, out]; returned with the leading dimensions of x
+    y.shape = x.shape;
+    y.shape.back() = out_;
+  }
   return y;
 }
 
 const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
-  const Tensor dy = relu_masked(ctx, act_, y_.view, dy_in, dy_);
+  Tensor dy = relu_masked(ctx, act_, y_.view, dy_in, dy_);
+  dy.shape = {x_.dim(0), out_};  // 2-D, whatever the leading dimensions
   const Tensor dw = grad_target(ctx, *weight_, dw_);
   ctx.backend.gemm(true, false, 1.f, dy, x_, 0.f, dw);  // dW = dy^T x
   commit_grad(ctx, *weight_, dw);
@@ -70,18 +76,27 @@ RINGTRAIN_REGISTER_OP(linear,
                               RT_REQUIRE(o.out_features() >= 1, "out_features ", o.out_features(),
                                          " is not valid; expected a positive number");
                               fused_activation(o.activation());
-                              return {o.out_features()};
+                              if (!o.last_axis()) return {o.out_features()};
+                              Shape out = n.inputs[0];
+                              RT_REQUIRE(!out.empty(), "last_axis needs an input with a last dimension");
+                              out.back() = o.out_features();
+                              return out;
                             },
                             .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
                               const auto& o = n.def.linear();
+                              const int64_t in = o.last_axis() ? n.inputs[0].back()
+                                                               : shape_numel(n.inputs[0]);
                               return std::make_unique<Linear>(
-                                  n.name, shape_numel(n.inputs[0]), o.out_features(),
-                                  fused_activation(o.activation()), !o.has_bias() || o.bias());
+                                  n.name, in, o.out_features(), fused_activation(o.activation()),
+                                  !o.has_bias() || o.bias(), o.last_axis());
                             },
                             .flops =
                                 [](const OpNode& n, const Shape& out) {
-                                  return 2.0 * double(shape_numel(n.inputs[0])) * double(out[0]) +
-                                         double(out[0]);
+                                  // 2 in out per row (one row, or one per leading position)
+                                  const double o = double(out.back());
+                                  const double rows = double(shape_numel(out)) / o;
+                                  const double in = double(shape_numel(n.inputs[0])) / rows;
+                                  return rows * (2.0 * in * o + o);
                                 }});
 
 }  // namespace

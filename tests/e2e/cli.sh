@@ -104,7 +104,7 @@ refused 1 "--momentum 1 is not valid: must be in [0, 1)" "${t[@]}" --momentum 1
 refused 1 "--beta2 nan is not valid: must be finite" "${t[@]}" --beta2 nan
 refused 1 "--dropout 1 is not valid; expected 0 to 0.99" train --model cnn \
   --data "$DATA/train.h5" --steps 2 --threads 1 --dropout 1
-refused 1 "--dropout nan is not valid; expected a number" train --model cnn \
+refused 1 "--dropout 'nan' is not valid; expected a number" train --model cnn \
   --data "$DATA/train.h5" --steps 2 --threads 1 --dropout nan
 refused 1 "--init-scale inf is not valid: must be finite" "${t[@]}" --init-scale inf
 refused 1 "--loss-scale nan is not valid: must be finite" "${t[@]}" --loss-scale nan
