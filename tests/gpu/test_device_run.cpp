@@ -79,7 +79,7 @@ TEST(DeviceRun, BatchStageUploads) {
   for (int i = 0; i < 6; ++i) xh.as<float>()[i] = float(i);
   yh.as<int32_t>()[0] = 1;
   yh.as<int32_t>()[1] = 0;
-  io::Batch host{xh, yh, 4, 128};
+  io::Batch host{io::DataKind::images, xh, yh, 4, 128};
   launch::BatchStage stage;
   const io::Batch& b = stage(host, gpu());
   EXPECT_EQ(b.x.device, gpu());
