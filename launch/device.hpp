@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "nn/model.hpp"
-#include "nn/optimizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/loader.hpp"
 #include "kernels/kernels.hpp"
 #include "launch/config.hpp"
+#include "nn/model.hpp"
+#include "nn/optimizer.hpp"
 
 namespace ringtrain::launch {
 

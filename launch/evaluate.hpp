@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "nn/model.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
+#include "nn/model.hpp"
 
 namespace ringtrain::launch {
 

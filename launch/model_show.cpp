@@ -65,10 +65,10 @@ void show(const ModelShowConfig& c, const std::string& precision) {
   if (input.empty() && token_model) input = {vars.at("context").i};
   RT_REQUIRE(!input.empty(), "model show: model '", f.name(), "' (", f.origin(),
              ") states no input_shape; give --input C,H,W (e.g. --input 1,28,28)");
-  const int64_t classes = c.classes        ? c.classes
-                          : f.classes()    ? f.classes()
-                          : token_model    ? vars.at("padded_vocab").i
-                                           : 10;
+  const int64_t classes = c.classes     ? c.classes
+                          : f.classes() ? f.classes()
+                          : token_model ? vars.at("padded_vocab").i
+                                        : 10;
   f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
   const ModelPlan plan = plan_model(f);
   const auto nodes = make_graph_nodes(f, plan);  // also checks init and share

@@ -79,9 +79,8 @@ void require_data_fits(const Model& model, const io::DatasetInfo& data,
   RT_REQUIRE(model.input_shape() == data.sample_shape, "--data '", data.path,
              "' has samples of shape ", shape_str(data.sample_shape), " but checkpoint '",
              checkpoint, "' holds a model for ", shape_str(model.input_shape()));
-  RT_REQUIRE(data.num_classes <= model.classes(), "--data '", data.path, "' has ",
-             data.num_classes, " classes but the model of checkpoint '", checkpoint,
-             "' predicts ", model.classes());
+  RT_REQUIRE(data.num_classes <= model.classes(), "--data '", data.path, "' has ", data.num_classes,
+             " classes but the model of checkpoint '", checkpoint, "' predicts ", model.classes());
 }
 
 }  // namespace ringtrain::launch

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "nn/model.hpp"
 #include "io/dataset.hpp"
 #include "launch/config.hpp"
+#include "nn/model.hpp"
 
 namespace ringtrain::launch {
 

@@ -326,7 +326,8 @@ kernels::XentResult Trainer::loss_and_gradient(const Tensor& logits, const Tenso
   // token over the data's vocabulary (the first `classes` of V, which may be padded). The
   // loss is the mean over tokens; reported per sample as that mean (sum / T), and the
   // correct predictions as whole samples' worth (correct tokens / T, rounded down).
-  RT_REQUIRE(cfg_.label_smoothing == 0.f, "--label-smoothing is for classifiers; a language "
+  RT_REQUIRE(cfg_.label_smoothing == 0.f,
+             "--label-smoothing is for classifiers; a language "
              "model's token loss takes none");
   auto r = backend_->token_xent(logits, y, model_->classes(), scale, &dlogits);
   const int64_t t = logits.dim(1);

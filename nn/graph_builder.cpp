@@ -436,8 +436,10 @@ ModelPlan plan_model(const ModelFile& file) {
       plan.input.size() == 1 && last.out.size() == 2 && last.out[0] == plan.input[0];
   if (per_token && last.out[1] < plan.classes)
     Expander::fail(file.where(*last.source), last.name,
-                   cat("the model predicts ", last.out[1], " tokens per position but the data's "
-                       "vocabulary has ", plan.classes, "; use a model with a vocabulary (padded_vocab) of at least ",
+                   cat("the model predicts ", last.out[1],
+                       " tokens per position but the data's "
+                       "vocabulary has ",
+                       plan.classes, "; use a model with a vocabulary (padded_vocab) of at least ",
                        plan.classes));
   if (!per_token && last.out != Shape{plan.classes})
     Expander::fail(file.where(*last.source), last.name,
@@ -590,9 +592,8 @@ void require_fits_in_memory(const ModelFile& file, const ModelPlan& plan,
   if (need <= memory) return;
   std::string with;
   for (const auto& o : file.overrides()) with += (with.empty() ? " with " : ", ") + o;
-  throw_input(cat("model '", file.name(), "'", with, " on samples of shape ",
-                  shape_str(plan.input), " needs at least ",
-                  static_cast<long long>(std::min(need, 9.2e18)), " bytes (",
+  throw_input(cat("model '", file.name(), "'", with, " on samples of shape ", shape_str(plan.input),
+                  " needs at least ", static_cast<long long>(std::min(need, 9.2e18)), " bytes (",
                   static_cast<long long>(std::min(params, 9.2e18)),
                   " parameters at 12 bytes each, plus one sample's input and largest "
                   "activation), more than this machine's ",

@@ -147,7 +147,11 @@ class Linear final : public Layer {
   Linear(std::string name, int64_t in, int64_t out,
          kernels::Activation act = kernels::Activation::none, bool bias = true,
          bool last_axis = false)
-      : Layer(std::move(name)), in_(in), out_(out), act_(act), has_bias_(bias),
+      : Layer(std::move(name)),
+        in_(in),
+        out_(out),
+        act_(act),
+        has_bias_(bias),
         last_axis_(last_axis) {}
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;

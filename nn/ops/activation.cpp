@@ -1,4 +1,5 @@
-// The activation op: ReLU and GELU layers (GeluTanh: nn/ops/transformer.cpp) and the registration of `activation`.
+// The activation op: ReLU and GELU layers (GeluTanh: nn/ops/transformer.cpp) and the registration
+// of `activation`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
 #include "nn/op_registry.hpp"
@@ -49,9 +50,10 @@ namespace {
 RINGTRAIN_REGISTER_OP(activation, OpDef{.name = "activation",
                                         .infer = [](const OpNode& n) -> Shape {
                                           const auto k = n.def.activation().kind();
-                                          RT_REQUIRE(k == pb::RELU || k == pb::GELU || k == pb::GELU_TANH,
-                                                     "activation kind ", pb::Activation_Name(k),
-                                                     " is not valid; expected RELU, GELU or GELU_TANH");
+                                          RT_REQUIRE(
+                                              k == pb::RELU || k == pb::GELU || k == pb::GELU_TANH,
+                                              "activation kind ", pb::Activation_Name(k),
+                                              " is not valid; expected RELU, GELU or GELU_TANH");
                                           return n.inputs[0];
                                         },
                                         .build = [](const OpNode& n) -> std::unique_ptr<Layer> {

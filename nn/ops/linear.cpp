@@ -27,7 +27,8 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
   // Rows: the samples, or with last_axis every position of every sample (tokens).
   const int64_t n = last_axis_ ? x.numel() / in_ : x.dim(0);
   RT_REQUIRE(x.numel() == n * in_ && (!last_axis_ || x.shape.back() == in_), "layer ", name(),
-             " expects ", in_, last_axis_ ? " features in its last dimension" : " input features per sample",
+             " expects ", in_,
+             last_axis_ ? " features in its last dimension" : " input features per sample",
              ", got input shape ", shape_str(x.shape));
   x_shape_ = x.shape;
   const Tensor& xi = in_dtype(ctx, x, xin_);
@@ -78,14 +79,15 @@ RINGTRAIN_REGISTER_OP(linear,
                               fused_activation(o.activation());
                               if (!o.last_axis()) return {o.out_features()};
                               Shape out = n.inputs[0];
-                              RT_REQUIRE(!out.empty(), "last_axis needs an input with a last dimension");
+                              RT_REQUIRE(!out.empty(),
+                                         "last_axis needs an input with a last dimension");
                               out.back() = o.out_features();
                               return out;
                             },
                             .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
                               const auto& o = n.def.linear();
-                              const int64_t in = o.last_axis() ? n.inputs[0].back()
-                                                               : shape_numel(n.inputs[0]);
+                              const int64_t in =
+                                  o.last_axis() ? n.inputs[0].back() : shape_numel(n.inputs[0]);
                               return std::make_unique<Linear>(
                                   n.name, in, o.out_features(), fused_activation(o.activation()),
                                   !o.has_bias() || o.bias(), o.last_axis());

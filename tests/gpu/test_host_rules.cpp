@@ -190,8 +190,8 @@ Spec spec_of(const std::string& name) {
 std::vector<GemmDtypes> gemms_of_a_step(const Spec& spec, DType precision) {
   auto cpu = kernels::make_cpu_backend(1);
   GemmRecorder rec(*cpu);
-  auto model = build_model(spec.name, spec.input, spec.classes, spec.vars, precision,
-                           spec.layer_precision);
+  auto model =
+      build_model(spec.name, spec.input, spec.classes, spec.vars, precision, spec.layer_precision);
   model->init_parameters(5, *cpu);
   const int64_t batch = 3;
   Shape xs{batch};

@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/kernels.hpp"
 #include "nn/layers.hpp"
 #include "nn/model.hpp"
-#include "kernels/kernels.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain::test {

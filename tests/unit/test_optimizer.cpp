@@ -11,8 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "nn/optimizer.hpp"
 #include "kernels/kernels.hpp"
+#include "nn/optimizer.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {

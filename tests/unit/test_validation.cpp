@@ -12,12 +12,12 @@
 #include <fstream>
 #include <limits>
 
-#include "nn/graph_builder.hpp"
-#include "nn/model.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5.hpp"
 #include "io/idx.hpp"
+#include "nn/graph_builder.hpp"
+#include "nn/model.hpp"
 
 namespace fs = std::filesystem;
 
@@ -417,7 +417,9 @@ TEST_F(ValidationTest, NonFiniteFloatSampleIsAnInputErrorNamingFileAndIndex) {
 
 TEST_F(ValidationTest, ModelThatCannotFitInMemoryIsAnInputErrorNamingTheOption) {
   expect_error(ErrorKind::input,
-               [&] { build_model("mlp", {784}, 10, {{"hidden", "100000,100000"}}, DType::f32); },
+               [&] {
+                 build_model("mlp", {784}, 10, {{"hidden", "100000,100000"}}, DType::f32);
+               },
                {"model 'mlp' with --hidden 100000,100000 on samples of shape [784] needs at least",
                 "bytes of memory"});
   EXPECT_EQ(build_model("mlp", {784}, 10, {{"hidden", "32"}}, DType::f32)->num_params(),
