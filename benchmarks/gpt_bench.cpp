@@ -7,8 +7,9 @@
 // prints the median tokens/s (all ranks) over windows of --window steps after --warmup
 // steps, and with --json writes it as one JSON object.
 //
-//   mpirun -n 2 build-cpu/bin/gpt_bench --threads 1 --batch-size 8 --seq-len 64 --steps 60 \
+//   mpirun -n 2 build-cpu/bin/gpt_bench --threads 1 --batch-size 8 --seq-len 64 --steps 60
 //       [--model FILE] [--var width=384 ...] [--precision bf16] [--json FILE]
+// (one command line)
 #include <mpi.h>
 
 #include <algorithm>
