@@ -42,7 +42,7 @@ def summarize_metrics(path, skip_windows=1):
 def parse_banner(text):
     """From ringtrain's first two lines: parameters, wire dtype, buckets, global batch."""
     info = {}
-    m = re.search(r"with (\d+) parameters", text)
+    m = re.search(r"with (?:\d+ nodes, )?(\d+) parameters", text)
     if m:
         info["params"] = int(m.group(1))
     m = re.search(r"comm (\w+) in (fp32|fp16|bf16)", text)
