@@ -23,6 +23,10 @@ namespace ringtrain::launch {
 // naming the file and dlerror() when one cannot be loaded. Loading one twice is harmless.
 void load_plugins(const std::vector<std::string>& libs);
 
+// The plugin libraries the model's ops come from, one "OP=LIBRARY" line per op, sorted
+// (a checkpoint's `plugins` attribute); "" when every op is built in.
+std::string plugins_used(const ModelFile& file);
+
 // The model of `train`: --model (name or file), the var overrides, --layer-precision, and
 // the data's sample shape and classes (`data` names the data in messages).
 ModelFile load_model_for_run(const std::string& model,
@@ -31,7 +35,8 @@ ModelFile load_model_for_run(const std::string& model,
                              int64_t classes, const std::string& data);
 
 // The model a checkpoint holds: its normalised model text, or (older checkpoints) its model
-// JSON mapped to the shipped file. `path` names the checkpoint in messages.
+// JSON mapped to the shipped file. `path` names the checkpoint in messages. Input error
+// naming the op and the library when an op of a plugin it records is not loaded.
 ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path);
 
 // Input error unless the checkpoint's model builds the same network as this run's,
