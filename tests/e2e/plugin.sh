@@ -73,9 +73,9 @@ grep -q 'ok: finite differences agree' "$dir/unit.log" || { cat "$dir/unit.log";
 pass "swish_beta finite differences:$(grep -o " [0-9]* parameter elements.*" "$dir/unit.log")"
 
 # ---- 4. training with the plugin on 2 ranks ------------------------------------------
-train_args=(--data "$DATA/train.h5" --model "$dir/src/model.pbtxt" --steps 60 --batch-size 32
+train_args=(--data "$DATA/train.h5" --model "$dir/src/model.pbtxt" --batch-size 32
   --optimizer adamw --lr 0.003 --seed 3 --threads 1 --log-every 1)
-(cd "$dir" && mpi 2 "$BIN" train --plugin "$plugin" "${train_args[@]}" \
+(cd "$dir" && mpi 2 "$BIN" train --plugin "$plugin" "${train_args[@]}" --steps 60 \
   --checkpoint-dir "$dir/ckpt" --checkpoint-every 60 --metrics "$dir/metrics.jsonl") \
   >"$dir/train.out" 2>"$dir/train.err" || { cat "$dir/train.err"; fail "training with --plugin"; }
 # The mean loss of the last 10 steps: it starts at ln(10) = 2.30 and must fall below 1.0.
@@ -120,7 +120,24 @@ msg=$(grep '^ringtrain: error:' "$dir/noplug.err" || true)
   fail "eval without --plugin: '$msg' does not name the op and say --plugin $plugin"
 pass "eval without the plugin: $msg"
 
-# ---- 6. bad plugins, on rank 1 only --------------------------------------------------
+# ---- 6. resume: without the plugin (exit 1 naming the op), then with it ---------------
+rc=0
+(cd "$dir" && mpi 2 "$BIN" train "${train_args[@]}" --steps 70 --checkpoint-dir "$dir/ckpt") \
+  >"$dir/resume0.out" 2>"$dir/resume0.err" || rc=$?
+[[ $rc -eq 1 ]] || { cat "$dir/resume0.err"; fail "resume without --plugin exited $rc, expected 1"; }
+msg=$(grep '^ringtrain: error:' "$dir/resume0.err" || true)
+[[ $(grep -c . <<<"$msg") -eq 1 ]] || { cat "$dir/resume0.err"; fail "resume without --plugin: expected one error line"; }
+{ grep -qF "unknown op 'swish_beta'" <<<"$msg" && grep -qF -- "--plugin" <<<"$msg"; } ||
+  fail "resume without --plugin: '$msg' does not name the op and --plugin"
+pass "resume without the plugin: $msg"
+(cd "$dir" && mpi 2 "$BIN" train --plugin "$plugin" "${train_args[@]}" --steps 70 \
+  --checkpoint-dir "$dir/ckpt" --checkpoint-every 70) >"$dir/resume.out" 2>"$dir/resume.err" ||
+  { cat "$dir/resume.err"; fail "resume with --plugin"; }
+grep -q 'resum.* step 60' "$dir/resume.out" || { cat "$dir/resume.out"; fail "the run did not resume from step 60"; }
+h5dump -a /step "$dir/ckpt/ckpt-000000070.h5" | contains '(0): 70' || fail "no checkpoint of step 70"
+pass "resumed with the plugin from step 60 to 70"
+
+# ---- 7. bad plugins, on rank 1 only --------------------------------------------------
 touch "$dir/empty.cpp"
 # Longer than an ELF header, so that the loader reads it as one.
 printf 'this text file is not a shared object, whatever its name says: %s\n' 1 2 3 >"$dir/text.so"
@@ -139,7 +156,7 @@ CPP
 # bad LIB REASON: rank 0 trains without a plugin, rank 1 with LIB; both exit 1 (well within
 # the timeout) and one message names LIB (as resolved, when it exists) and REASON.
 bad() {
-  local lib=$1 reason=$2 named=${3:-$1} rc=0 args=(--data "$DATA/train.h5" --model mlp --steps 2
+  local lib=$1 reason=$2 named=${3:-$1} rc=0 start=$SECONDS args=(--data "$DATA/train.h5" --model mlp --steps 2
     --batch-size 16 --threads 1)
   (cd "$dir" && timeout 60 mpirun -n 1 "$BIN" train "${args[@]}" : -n 1 "$BIN" train "${args[@]}" \
     --plugin "$lib") >"$dir/bad.out" 2>"$dir/bad.err" || rc=$?
@@ -149,7 +166,7 @@ bad() {
   [[ $(grep -c . <<<"$msg") -eq 1 ]] || { cat "$dir/bad.err"; fail "--plugin $lib: expected one error line"; }
   grep -qF -- "--plugin '$named'" <<<"$msg" || fail "--plugin $lib: '$msg' does not name the file"
   grep -qF -- "$reason" <<<"$msg" || fail "--plugin $lib: '$msg' does not say '$reason'"
-  pass "--plugin $lib on rank 1: $msg"
+  pass "--plugin $lib on rank 1, exit 1 on both after $((SECONDS - start)) s: $msg"
 }
 bad "$dir/missing.so" "No such file or directory"
 bad "$dir/text.so" "invalid ELF header"
