@@ -19,8 +19,11 @@
 
 namespace ringtrain::launch {
 
-// dlopen()s each --plugin library, whose static initialisers register its ops. Input error
-// naming the file and dlerror() when one cannot be loaded. Loading one twice is harmless.
+// dlopen()s each --plugin library, whose static initialisers register its ops (held until
+// dlopen() returns: register_plugin_ops). Input error naming the file and the reason when
+// one cannot be loaded (dlerror()), registers no op, registers a name that is taken, or was
+// built against another ringtrain. Loading one twice is harmless. No collectives: callers
+// run it under agree(), so a plugin failing on one rank ends every rank with one message.
 void load_plugins(const std::vector<std::string>& libs);
 
 // The plugin libraries the model's ops come from, one "OP=LIBRARY" line per op, sorted
