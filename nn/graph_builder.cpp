@@ -313,6 +313,7 @@ void check_attrs(const ModelFile& file, const std::string& op, const std::vector
           cat("attribute '", a.name(), "' of op '", op, "' needs ", kind_name(spec->kind)));
   }
 }
+
 }  // namespace
 
 ModelPlan plan_model(const ModelFile& file) {
