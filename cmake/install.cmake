@@ -40,7 +40,7 @@ set(rt_inc ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain)
 install(DIRECTORY core/ DESTINATION ${rt_inc}/core FILES_MATCHING PATTERN "*.hpp")
 install(FILES kernels/kernels.hpp DESTINATION ${rt_inc}/kernels)
 install(DIRECTORY nn/ DESTINATION ${rt_inc}/nn FILES_MATCHING PATTERN "*.hpp"
-        PATTERN ops EXCLUDE)
+        PATTERN ops EXCLUDE PATTERN graph_expand.hpp EXCLUDE)  # (internal to nn/)
 install(FILES ${CMAKE_BINARY_DIR}/generated/ringtrain/config.hpp
               ${CMAKE_BINARY_DIR}/generated/proto/ringtrain/model.pb.h
         DESTINATION ${rt_inc}/ringtrain)
