@@ -10,6 +10,7 @@
 #include "core/rng.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
+#include "launch/model_source.hpp"
 #include "launch/signals.hpp"
 #include "ringtrain/config.hpp"
 
