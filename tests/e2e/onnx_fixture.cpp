@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   const std::string what = argc == 3 ? argv[1] : "";
   try {
     auto backend = kernels::make_cpu_backend(1);
+    if (argc == 3) std::filesystem::create_directories(argv[2]);
     if (what == "gpt") rc = gpt(argv[2], *backend);
     if (what == "plugin") rc = plugin(argv[2], *backend);
     if (what != "gpt" && what != "plugin")
