@@ -459,17 +459,22 @@ onnx::ModelProto export_onnx(const std::string& checkpoint) {
   set_value_info(*g.add_output(), "logits", onnx::TensorProto::FLOAT, out_sym, out,
                  tokens ? "logits [batch, sequence, vocabulary]" : "logits [batch, classes]");
 
-  // What onnx.checker.check_model(m, full_check=True) does: the checker, then strict shape
-  // inference with type checks. A failure is ringtrain's bug (exit 2), never the user's.
+  // What onnx.checker.check_model(m, full_check=True) does: the checker, and strict shape
+  // inference with type checks (in place, not on a copy of every weight: the inferred
+  // shapes stay in the file as value_info, which runtimes may use). A failure is
+  // ringtrain's bug (exit 2), never the user's.
   try {
     onnx::checker::check_model(m);
-    onnx::ModelProto inferred = m;
-    onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(),
+    onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(),
                                        onnx::ShapeInferenceOptions(true, 1, false));
+    onnx::checker::check_model(m);
   } catch (const std::exception& e) {
     RT_CHECK(false, "the ONNX checker rejects the graph exported from '", checkpoint,
              "': ", e.what());
   }
+  // One protobuf message holds at most 2 GiB (ONNX's external-data files are not written).
+  RT_REQUIRE(m.ByteSizeLong() <= size_t(INT32_MAX), "checkpoint '", checkpoint, "': the model's ",
+             m.ByteSizeLong(), " bytes exceed the 2 GiB one ONNX file can hold");
   return m;
 }
 
