@@ -399,6 +399,14 @@ std::string join(const std::vector<double>& v) {
   return s;
 }
 
+// The longest sequence a token model takes: the positions of its embeddings.
+int64_t context_of(const ModelPlan& plan) {
+  int64_t c = plan.input[0];
+  for (const PlannedNode& n : plan.nodes)
+    if (n.op == "embedding") c = std::max(c, n.def->embedding().context());
+  return c;
+}
+
 // The checked ONNX model of a checkpoint (see the file comment).
 onnx::ModelProto export_onnx(const std::string& checkpoint) {
   const io::CheckpointMeta meta = io::read_checkpoint_meta(checkpoint);
@@ -431,7 +439,8 @@ onnx::ModelProto export_onnx(const std::string& checkpoint) {
   std::vector<std::string> out_sym = {"batch"};
   if (tokens) {
     set_value_info(*g.add_input(), "input", onnx::TensorProto::INT32, {"batch", "sequence"}, {},
-                   cat("token ids [batch, sequence], sequence <= ", plan.input[0]));
+                   cat("token ids [batch, sequence], sequence at most the context ",
+                       context_of(plan), " (trained with ", plan.input[0], ")"));
     if (!out.empty()) {
       out.erase(out.begin());
       out_sym.push_back("sequence");
