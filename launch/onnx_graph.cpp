@@ -37,11 +37,15 @@ class Exporter {
     const int i = n.inputs[k];
     return i < 0 ? std::string("input") : outs_[size_t(i)];
   }
-  // The initialiser of parameter `p` of node n: its own, or the earlier node's it shares.
-  std::string param(const PlannedNode& n, const std::string& p) {
-    std::string name = n.name + "." + p;
+  // The checkpoint name of parameter `p` of node n: its own, or the earlier node's it shares.
+  static std::string owner(const PlannedNode& n, const std::string& p) {
     for (const pb::Share& s : n.def->share())
-      if (s.param() == p) name = s.from();
+      if (s.param() == p) return s.from();
+    return n.name + "." + p;
+  }
+  // Its initialiser (one per tensor: a shared one is read by both nodes).
+  std::string param(const PlannedNode& n, const std::string& p) {
+    const std::string name = owner(n, p);
     const auto it = params_.find(name);
     RT_CHECK(it != params_.end(), "node '", n.name, "': no parameter '", name, "' in the model");
     return w_.weight(name, it->second->shape, it->second->master.as<float>());
@@ -52,8 +56,13 @@ class Exporter {
     RT_CHECK(it != buffers_.end(), "node '", n.name, "': no buffer '", name, "' in the model");
     return w_.weight(name, it->second->shape, it->second->value.as<float>());
   }
+  // The ONNX value of node n's output: its name, unless that is the graph's input or
+  // output name.
+  static std::string value_name(const PlannedNode& n) {
+    return n.name == "input" || n.name == "logits" ? n.name + "/out" : n.name;
+  }
   bool has_param(const PlannedNode& n, const std::string& p) const {
-    return params_.count(n.name + "." + p) > 0;
+    return params_.count(owner(n, p)) > 0;
   }
 
   // y = activation(x) under the name `out`; `x` itself for NONE.
@@ -92,7 +101,7 @@ class Exporter {
 
   std::string emit(const PlannedNode& n) {
     const pb::Node& d = *n.def;
-    const std::string& name = n.name;
+    const std::string name = value_name(n);
     if (n.op == "linear") return linear(n);
     if (n.op == "conv") {
       const pb::Conv& o = d.conv();
@@ -163,7 +172,7 @@ class Exporter {
       return name;
     }
     if (n.op == "attention") return attention(n);
-    throw_input(cat("node '", name, "' (op ", n.op,
+    throw_input(cat("node '", n.name, "' (op ", n.op,
                     ") cannot be exported to ONNX; exportable ops: linear, conv, batch_norm, "
                     "activation, max_pool, global_avg_pool, dropout, add, concat, flatten, "
                     "reshape, embedding, layer_norm, attention"));
@@ -171,25 +180,26 @@ class Exporter {
 
   std::string linear(const PlannedNode& n) {
     const pb::Linear& o = n.def->linear();
+    const std::string v = value_name(n);
     const bool bias = has_param(n, "bias");
     const bool act = o.activation() != pb::NONE;
-    const std::string y = act ? n.name + "/linear" : n.name;
+    const std::string y = act ? v + "/linear" : v;
     if (o.last_axis()) {  // [N, ..., in] -> [N, ..., out]: MatMul with W^T, then the bias
       const std::string wt =
-          w_.op("Transpose", n.name + "/weight_t", {param(n, "weight")});  // perm: reversed
-      const std::string xw = w_.op("MatMul", bias ? n.name + "/matmul" : y, {in(n, 0), wt});
+          w_.op("Transpose", v + "/weight_t", {param(n, "weight")});  // perm: reversed
+      const std::string xw = w_.op("MatMul", bias ? v + "/matmul" : y, {in(n, 0), wt});
       if (bias) w_.op("Add", y, {xw, param(n, "bias")});
     } else {  // x viewed as [N, in_features]
       std::string x = in(n, 0);
       if (n.input_shapes[0].size() != 1) {
-        x = n.name + "/flatten";
+        x = v + "/flatten";
         GraphWriter::attr(w_.node("Flatten", x, {in(n, 0)}, {x}), "axis", int64_t(1));
       }
       std::vector<std::string> ins = {x, param(n, "weight")};
       if (bias) ins.push_back(param(n, "bias"));
       GraphWriter::attr(w_.node("Gemm", y, ins, {y}), "transB", int64_t(1));
     }
-    return act ? activation(o.activation(), y, n.name) : y;
+    return act ? activation(o.activation(), y, v) : y;
   }
 
   // The first `len` ([1], int64) of dimension 1 of value x: the sequence length T.
@@ -202,22 +212,22 @@ class Exporter {
 
   // ids [N, T] -> rows of the token table (+ rows 0..T-1 of the position table).
   std::string embedding(const PlannedNode& n) {
-    const std::string x = in(n, 0);
+    const std::string x = in(n, 0), v = value_name(n);
     const bool positional = !n.def->embedding().has_positional() || n.def->embedding().positional();
-    const std::string tok = positional ? n.name + "/tokens" : n.name;
+    const std::string tok = positional ? v + "/tokens" : v;
     GraphWriter::attr(w_.node("Gather", tok, {param(n, "wte"), x}, {tok}), "axis", int64_t(0));
     if (!positional) return tok;
-    const std::string pos = w_.op(
-        "Slice", n.name + "/positions",
-        {param(n, "wpe"), w_.ints("const/i0", {0}), seq_len(x, n.name), w_.ints("const/i0", {0})});
-    return w_.op("Add", n.name, {tok, pos});
+    const std::string pos =
+        w_.op("Slice", v + "/positions",
+              {param(n, "wpe"), w_.ints("const/i0", {0}), seq_len(x, v), w_.ints("const/i0", {0})});
+    return w_.op("Add", v, {tok, pos});
   }
 
   // Causal multi-head self-attention as MatMul/Softmax: qkv [N, T, 3C] (q, k, v side by
   // side, head h at columns h*hs of each) -> [N, T, C]; scores scaled by 1/sqrt(hs), the
   // future masked by adding -inf from the top-left [T, T] of one constant mask.
   std::string attention(const PlannedNode& n) {
-    const std::string x = in(n, 0), p = n.name;
+    const std::string x = in(n, 0), p = value_name(n);
     const int64_t heads = n.def->attention().heads(), c = n.input_shapes[0][1] / 3, hs = c / heads;
     const int64_t l = std::max(mask_size_, n.input_shapes[0][0]);
     if (mask_.empty()) {

@@ -33,7 +33,8 @@ with h5py.File(sys.argv[1], "r") as f:
 EOF
 "$BIN" convert npy --images x.npy --labels y.npy --out test1k.h5 >/dev/null
 
-# The ops the shipped models do not use, in one image model.
+# The ops the shipped models do not use, in one image model (whose last node has the name of
+# the ONNX graph's output).
 cat >graph.pbtxt <<'EOF'
 format_version: 1
 name: "graph"
@@ -46,7 +47,7 @@ node { name: "proj" linear { out_features: 16 last_axis: true } }
 node { name: "ln" layer_norm {} }
 node { name: "gelu" activation { kind: GELU } }
 node { name: "flat" flatten {} }
-node { name: "fc" linear { out_features: 10 } }
+node { name: "logits" linear { out_features: 10 } }
 EOF
 
 # name, then the model options of `train`
