@@ -6,6 +6,9 @@
 //                            writer; 4 sequences of 24 random token ids (DIR/tokens.npy, as
 //                            float32) and ringtrain's fp32 forward logits [4, 24, 256] on
 //                            them (DIR/logits.npy)
+//   onnx_fixture gpt2 DIR    the same for gpt2-124m at its full size (vocabulary 50257,
+//                            logits [4, 24, 50304]) and GPT-2's initialisation: run by
+//                            hand, too large for the e2e test
 //   onnx_fixture plugin DIR  a model with a plugin op (`custom { type: "test_identity" }`,
 //                            registered here as a plugin would) in DIR/ckpt-000000001.h5
 #include <mpi.h>
@@ -60,16 +63,19 @@ void save(Model& model, const std::string& dir) {
   store.save(MPI_COMM_NULL, m, params, {}, {}, buffers);
 }
 
-int gpt(const std::string& dir, kernels::Backend& backend) {
-  const int64_t batch = 4, t = 24, vocab = 256;
-  auto model = build_model("gpt-tiny", {t}, vocab,
-                           {{"layers", "2"}, {"width", "64"}, {"heads", "4"}, {"context", "32"}},
-                           DType::f32);
+int gpt(const std::string& dir, kernels::Backend& backend, bool gpt2) {
+  const int64_t batch = 4, t = 24, vocab = gpt2 ? 50257 : 256;
+  auto model =
+      gpt2 ? build_model("gpt2-124m", {t}, vocab, {}, DType::f32)
+           : build_model("gpt-tiny", {t}, vocab,
+                         {{"layers", "2"}, {"width", "64"}, {"heads", "4"}, {"context", "32"}},
+                         DType::f32);
   model->init_parameters(7, backend);
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> u(-0.3f, 0.3f);
   Tensor masters = model->master();
-  for (int64_t i = 0; i < masters.numel(); ++i) masters.as<float>()[i] = u(gen);
+  if (!gpt2)  // gpt2-124m keeps GPT-2's initialisation: the magnitudes of a real model's
+    for (int64_t i = 0; i < masters.numel(); ++i) masters.as<float>()[i] = u(gen);
   model->refresh_working_copy(backend);
   save(*model, dir);
 
@@ -106,10 +112,10 @@ int main(int argc, char** argv) {
   try {
     auto backend = kernels::make_cpu_backend(1);
     if (argc == 3) std::filesystem::create_directories(argv[2]);
-    if (what == "gpt") rc = gpt(argv[2], *backend);
+    if (what == "gpt" || what == "gpt2") rc = gpt(argv[2], *backend, what == "gpt2");
     if (what == "plugin") rc = plugin(argv[2], *backend);
-    if (what != "gpt" && what != "plugin")
-      std::fprintf(stderr, "usage: onnx_fixture gpt|plugin DIR\n");
+    if (what != "gpt" && what != "gpt2" && what != "plugin")
+      std::fprintf(stderr, "usage: onnx_fixture gpt|gpt2|plugin DIR\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "onnx_fixture: %s\n", e.what());
     rc = 2;
