@@ -65,7 +65,11 @@ std::string plugins_used(const ModelFile& file) {
   return out;
 }
 
-ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path) {
+namespace {
+
+// Input error naming the op and the library when an op of a plugin the checkpoint records
+// is not loaded (before the model text would fail as an unknown op).
+void require_plugins_loaded(const io::CheckpointMeta& meta, const std::string& path) {
   std::istringstream plugins(meta.plugins);
   for (std::string line; std::getline(plugins, line);) {
     const size_t eq = line.find('=');
@@ -75,6 +79,11 @@ ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::strin
                lib, "', which is not loaded; pass --plugin ", lib,
                " (or the same library from another place)");
   }
+}
+
+}  // namespace
+
+ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path) {
   const std::string origin = cat("checkpoint '", path, "' (model attribute)");
   if (is_legacy_model_json(meta.model)) return model_file_from_legacy_json(meta.model, origin);
   return ModelFile::parse(meta.model, origin);
@@ -94,6 +103,7 @@ LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType prec
                                        Device device, kernels::Backend& backend) {
   LoadedModel out;
   out.meta = io::read_checkpoint_meta(checkpoint);
+  require_plugins_loaded(out.meta, checkpoint);
   const ModelFile file = model_from_checkpoint(out.meta, checkpoint);
   {
     DeviceScope on_device(device);

@@ -38,8 +38,7 @@ ModelFile load_model_for_run(const std::string& model,
                              int64_t classes, const std::string& data);
 
 // The model a checkpoint holds: its normalised model text, or (older checkpoints) its model
-// JSON mapped to the shipped file. `path` names the checkpoint in messages. Input error
-// naming the op and the library when an op of a plugin it records is not loaded.
+// JSON mapped to the shipped file. `path` names the checkpoint in messages.
 ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path);
 
 // Input error unless the checkpoint's model builds the same network as this run's,
@@ -53,6 +52,8 @@ struct LoadedModel {
 
 // Reads `checkpoint`'s metadata, builds its model in `precision` on `device` and loads the
 // parameters and buffers (through host copies on a GPU); the working copy is refreshed.
+// Input error naming the op and the library when an op of a plugin the checkpoint records
+// (attribute `plugins`) is not loaded.
 // Input errors name the checkpoint. No collectives (runs under agree()).
 LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType precision,
                                        Device device, kernels::Backend& backend);
