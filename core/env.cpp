@@ -43,7 +43,7 @@ const std::vector<Setting>& settings() {
        "the most workspace a cuDNN convolution algorithm may use", "gpu.md"},
       {"RINGTRAIN_TEST_FAIL", "RANK:POINT[:STEP]", "unset", "ringtrain",
        "tests only: rank RANK throws a runtime error at POINT (read, forward, backward, reduce, "
-       "gather, optimizer, eval, save, metrics, best), at step STEP or the first time",
+       "gather, optimizer, eval, save, metrics, best, export), at step STEP or the first time",
        "restart.md"},
       {"RINGTRAIN_TEST_STALL", "RANK:STEP:SECONDS[:gather]", "unset", "ringtrain",
        "tests only: rank RANK sleeps SECONDS before step STEP, or before its all-gather under "
