@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/env.hpp"
 #include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
@@ -249,7 +250,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
-  if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
+  if (const char* t = env::raw("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
     std::_Exit(9);
   fsync_path(tmp);
   std::error_code ec;

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "core/schedule.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
 
 namespace ringtrain::launch {
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "io/loader.hpp"
 #include "kernels/cuda/cuda_api.hpp"
@@ -251,7 +252,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   parse_step_window(c.timeline_steps);  // input error now, not after training
   RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every,
              " is not valid: must be >= 0");
-  if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
+  if (const char* t = env::raw("RINGTRAIN_TEST_STALL")) {
     long long step = 0;
     char point[16] = {0};
     const int got =

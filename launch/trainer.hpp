@@ -9,7 +9,6 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
-#include "core/schedule.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
@@ -25,6 +24,7 @@
 #include "nn/model.hpp"
 #include "nn/model_file.hpp"
 #include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
 
 namespace ringtrain::launch {
 
