@@ -130,6 +130,8 @@ void GradReducer::gather(size_t b) {
   watch_.enter(step_, int64_t(buckets_.size() + b), "weight all-gather", int64_t(b));
   comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
                    cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
+  if (b + 1 == buckets_.size() && extra_.data != nullptr)
+    comm_.allgatherv(extra_.data, extra_counts_, extra_.dtype);
   watch_.leave();
   const auto t1 = Clock::now();
   gather_s_ += std::chrono::duration<double>(t1 - t0).count();
@@ -160,12 +162,20 @@ void GradReducer::run() {
   }
 }
 
-void GradReducer::start_gather(Tensor work) {
+void GradReducer::start_gather(Tensor work, Tensor extra, std::vector<int64_t> extra_counts) {
   RT_CHECK(sharded(), "all-gather of the working weights without a shard layout");
   RT_CHECK(work.numel() == grad_.numel(), "all-gather of ", work.numel(), " elements over ",
            grad_.numel());
+  int64_t extra_total = 0;
+  for (int64_t c : extra_counts) extra_total += c;
+  if (extra.data != nullptr && extra.numel() == 0) extra = Tensor();  // nothing to gather
+  RT_CHECK(extra.data == nullptr ||
+               (int(extra_counts.size()) == comm_.size() && extra_total == extra.numel()),
+           "all-gather of ", extra.numel(), " extra elements as ", extra_total);
   std::lock_guard<std::mutex> lock(mu_);
   gather_ = work;
+  extra_ = extra;
+  extra_counts_ = std::move(extra_counts);
   gather_ready_ = gathered_ = 0;
 }
 

@@ -74,9 +74,11 @@ class GradReducer {
   double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
   // ZeRO-1, after finish(): all-gathers `work` (the flat working weights, any dtype) bucket
   // by bucket, bucket b once gather_ready(b) was called (in bucket order, after this rank
-  // updated its shard of the bucket). finish_gather() waits for the last bucket and returns
-  // the seconds it waited.
-  void start_gather(Tensor work);
+  // updated its shard of the bucket). `extra` (optional: the full fp32 copy of parameters
+  // layers read in fp32), whose rank r holds extra_counts[r] elements in rank order, is
+  // all-gathered after the last bucket, so it must be up to date when the last bucket is
+  // ready. finish_gather() waits for the last bucket and returns the seconds it waited.
+  void start_gather(Tensor work, Tensor extra = {}, std::vector<int64_t> extra_counts = {});
   void gather_ready(size_t bucket);
   double finish_gather();
   double gather_seconds() const { return gather_s_; }  // summed over the last step's buckets
@@ -107,6 +109,8 @@ class GradReducer {
   double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;
   Tensor gather_;  // the working weights of the step's all-gather
+  Tensor extra_;   // and the fp32 region gathered after them
+  std::vector<int64_t> extra_counts_;
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;
