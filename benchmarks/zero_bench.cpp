@@ -1,9 +1,12 @@
 // zero_bench: what ZeRO-1 (--zero 1) saves and what it sends, per rank.
-//  1. Memory: bytes per rank of fp32 masters, AdamW state, working weights and gradients for
-//     W = 1..4, for the GPT-2 124M shape and a layer count given on the command line; the
-//     optimizer state is measured as the bytes the real optimizer allocates for its shard.
+//  1. Memory: bytes per rank of fp32 masters, AdamW state, working weights (with the full
+//     fp32 copy of the parameters read in fp32: biases and LayerNorm) and gradients for
+//     W = 1..4, for the GPT-2 124M shape; the optimizer state is measured as the bytes the
+//     real optimizer allocates for its shard. --zero 1 holds the masters' shard only (in
+//     fp32 the shard is part of the all-gathered working weights, so it is counted there).
 //  2. Wire: bytes each rank sends per step under the ring model (allreduce 2(W-1)/W x bytes;
-//     reduce-scatter and all-gather (W-1)/W x bytes each) for --zero 0 and 1.
+//     reduce-scatter and all-gather (W-1)/W x bytes each, the all-gather in the working
+//     dtype, plus the fp32-read parameters) for --zero 0 and 1.
 //  3. Time (under mpirun -n W): the allreduce of the gradient against reduce-scatter +
 //     all-gather over the shard layout, the same buffer, measured in the same run (ratio).
 // Usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] [--iters K]
@@ -30,33 +33,40 @@ int64_t gpt2_params(int64_t vocab) {
       2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d);
   return vocab * d + ctx * d + l * per_layer + 2 * d;
 }
+// Its parameters read in fp32 (ParamSpec::reads_fp32): LayerNorm gains and shifts, biases.
+int64_t gpt2_fp32_read() {
+  const int64_t d = 768, l = 12;
+  return l * (2 * d + 3 * d + d + 2 * d + 4 * d + d) + 2 * d;
+}
 
 struct Row {
   int64_t masters, optimizer, work, grads;
 };
 
-Row memory(int64_t p, int w, int rank, DType precision) {
-  const ringtrain::comm::ShardLayout s(p, w);
+Row memory(int64_t p, int64_t fp32_read, int w, bool zero, int rank, DType precision) {
+  const ringtrain::comm::ShardLayout s(p, zero ? w : 1);
   ringtrain::OptimizerConfig oc;                                  // adamw
   const auto opt = ringtrain::make_optimizer(oc, s.count(rank));  // allocates the shard's state
   const int64_t es = int64_t(ringtrain::dtype_size(precision));
   const bool mixed = precision != DType::f32;
-  return {p * 4, opt->state_bytes(), mixed ? p * es : 0, p * es + (mixed ? s.count(rank) * 4 : 0)};
+  const int64_t masters = s.count(rank) * 4;
+  const int64_t work = mixed ? p * es + (zero ? fp32_read * 4 : 0) : p * 4 - masters;
+  return {masters, opt->state_bytes(), work, p * es + (mixed ? s.count(rank) * 4 : 0)};
 }
 
-void print_memory(const char* name, int64_t p, DType precision) {
+void print_memory(const char* name, int64_t p, int64_t fp32_read, DType precision) {
   std::printf("\n# memory per rank (rank 0's shard), %s, %lld parameters, %s, AdamW\n", name,
               static_cast<long long>(p), ringtrain::dtype_name(precision));
-  std::printf("%-4s %-6s %14s %14s %14s %14s %14s %10s\n", "W", "zero", "masters", "optimizer",
-              "working", "gradients", "total", "opt/P");
+  std::printf("%-4s %-6s %14s %14s %14s %14s %14s %12s\n", "W", "zero", "masters", "optimizer",
+              "working", "gradients", "total", "(m+opt)/P");
   for (int w = 1; w <= 4; ++w)
     for (int zero = 0; zero <= 1; ++zero) {
-      const Row r = memory(p, zero ? w : 1, 0, precision);
-      std::printf("%-4d %-6d %14lld %14lld %14lld %14lld %14lld %10.3f\n", w, zero,
+      const Row r = memory(p, fp32_read, w, zero, 0, precision);
+      std::printf("%-4d %-6d %14lld %14lld %14lld %14lld %14lld %12.3f\n", w, zero,
                   static_cast<long long>(r.masters), static_cast<long long>(r.optimizer),
                   static_cast<long long>(r.work), static_cast<long long>(r.grads),
                   static_cast<long long>(r.masters + r.optimizer + r.work + r.grads),
-                  double(r.optimizer) / double(p));
+                  double(r.masters + r.optimizer) / double(p));
     }
 }
 
@@ -92,8 +102,8 @@ int main(int argc, char** argv) {
     world = comm.size();
     const int64_t gpt2 = gpt2_params(50257), gpt2_padded = gpt2_params(50304);
     if (rank == 0) {
-      print_memory("GPT-2 124M (vocab 50257)", gpt2, DType::bf16);
-      print_memory("GPT-2 124M (vocab 50257)", gpt2, DType::f32);
+      print_memory("GPT-2 124M (vocab 50257)", gpt2, gpt2_fp32_read(), DType::bf16);
+      print_memory("GPT-2 124M (vocab 50257)", gpt2, gpt2_fp32_read(), DType::f32);
       std::printf("(GPT-2 124M with the vocabulary padded to 50304, as llm.c allocates: %lld)\n",
                   static_cast<long long>(gpt2_padded));
     }
@@ -107,7 +117,7 @@ int main(int argc, char** argv) {
                   "zero1 all-gather", "ratio");
       for (int w = 2; w <= 4; ++w) {
         const double f = double(w - 1) / w;
-        const double ar = 2 * f * double(p * es), rs = f * double(p * es), ag = f * double(p * 4);
+        const double ar = 2 * f * double(p * es), rs = f * double(p * es), ag = f * double(p * es);
         std::printf("%-4d %16.0f %16.0f %16.0f %8.3f\n", w, ar, rs, ag, (rs + ag) / ar);
       }
     }
