@@ -9,9 +9,15 @@
 //     dtype, plus the fp32-read parameters) for --zero 0 and 1.
 //  3. Time (under mpirun -n W): the allreduce of the gradient against reduce-scatter +
 //     all-gather over the shard layout, the same buffer, measured in the same run (ratio).
+//  4. With --train DATA: training step time of --zero 1 against --zero 0 in one run: two
+//     Trainers of the same model (--model, AdamW, --threads 1) side by side, their steps
+//     alternated after a warm-up, so that the machine's load affects both alike; fp32 and
+//     bf16; the ratio of the summed step times (and the median steps').
 // Usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] [--iters K]
+//                               [--train DATA [--model NAME] [--steps K] [--batch G]]
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +26,7 @@
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "comm/shard_layout.hpp"
+#include "launch/trainer.hpp"
 #include "nn/optimizer.hpp"
 
 namespace {
@@ -70,13 +77,54 @@ void print_memory(const char* name, int64_t p, int64_t fp32_read, DType precisio
     }
 }
 
+// Part 4: seconds per step of --zero 0 and --zero 1, alternated; rank 0 prints the row.
+void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communicator& c1,
+                   const std::string& data, const std::string& model, DType precision,
+                   int64_t steps, int64_t batch) {
+  ringtrain::launch::TrainConfig cfg;
+  cfg.data = data;
+  cfg.model = model;
+  cfg.precision = precision;
+  cfg.steps = steps + 5;
+  cfg.threads = 1;
+  cfg.global_batch_size = batch;
+  cfg.resume = "never";
+  ringtrain::launch::Trainer plain(cfg, c0);
+  cfg.zero = 1;
+  ringtrain::launch::Trainer zero(cfg, c1);
+  for (int i = 0; i < 5; ++i) {  // warm-up: first-touch pages, oneDNN primitives
+    plain.step_once();
+    zero.step_once();
+  }
+  std::vector<double> t0, t1;
+  for (int64_t i = 0; i < steps; ++i) {  // alternate which goes first
+    auto& first = i % 2 ? zero : plain;
+    auto& second = i % 2 ? plain : zero;
+    const double a = first.step_once().step_s, b = second.step_once().step_s;
+    (i % 2 ? t1 : t0).push_back(a);
+    (i % 2 ? t0 : t1).push_back(b);
+  }
+  double s0 = 0, s1 = 0;
+  for (double v : t0) s0 += v;
+  for (double v : t1) s1 += v;
+  std::sort(t0.begin(), t0.end());
+  std::sort(t1.begin(), t1.end());
+  const double m0 = t0[t0.size() / 2], m1 = t1[t1.size() / 2];
+  if (c0.rank() == 0)
+    std::printf("%-6s %-6s %6lld %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f\n", model.c_str(),
+                ringtrain::dtype_name(precision), static_cast<long long>(steps),
+                s0 / double(steps) * 1e3, s1 / double(steps) * 1e3, s1 / s0, m0 * 1e3, m1 * 1e3,
+                m1 / m0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int level = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
-  int64_t params = 0;
+  int64_t params = 0, train_steps = 100, train_batch = 128;
   int iters = 20;
+  std::string train_data, train_model = "mlp";
   DType precision = DType::f32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -84,13 +132,21 @@ int main(int argc, char** argv) {
       params = std::stoll(argv[++i]);
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::stoi(argv[++i]);
+    } else if (a == "--train" && i + 1 < argc) {
+      train_data = argv[++i];
+    } else if (a == "--model" && i + 1 < argc) {
+      train_model = argv[++i];
+    } else if (a == "--steps" && i + 1 < argc) {
+      train_steps = std::stoll(argv[++i]);
+    } else if (a == "--batch" && i + 1 < argc) {
+      train_batch = std::stoll(argv[++i]);
     } else if (a == "--precision" && i + 1 < argc) {
       const std::string p = argv[++i];
       precision = p == "bf16" ? DType::bf16 : p == "fp16" ? DType::f16 : DType::f32;
     } else {
       std::fprintf(stderr,
                    "usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] "
-                   "[--iters K]\n");
+                   "[--iters K] [--train DATA [--model NAME] [--steps K] [--batch G]]\n");
       MPI_Finalize();
       return a == "--help" ? 0 : 1;
     }
@@ -144,6 +200,19 @@ int main(int argc, char** argv) {
           "\n# measured on %d ranks, %lld fp32 elements: allreduce %.3f ms, reduce-scatter + "
           "all-gather %.3f ms, ratio %.3f\n",
           world, static_cast<long long>(p), t_ar * 1e3, t_z * 1e3, t_z / t_ar);
+    if (!train_data.empty()) {
+      if (rank == 0) {
+        std::printf(
+            "\n# training step time on %d ranks, --zero 1 against --zero 0 alternated, global "
+            "batch %lld, AdamW, 1 thread/rank\n",
+            world, static_cast<long long>(train_batch));
+        std::printf("%-6s %-6s %6s %12s %12s %8s %12s %12s %8s\n", "model", "prec", "steps",
+                    "zero0 ms", "zero1 ms", "ratio", "zero0 med", "zero1 med", "ratio");
+      }
+      ringtrain::comm::MpiCommunicator c0(MPI_COMM_WORLD), c1(MPI_COMM_WORLD);
+      for (DType prec : {DType::f32, DType::bf16})
+        time_training(c0, c1, train_data, train_model, prec, train_steps, train_batch);
+    }
   }
   MPI_Finalize();
   return 0;
