@@ -442,8 +442,9 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
   }
   // --zero 1: the shard's part of each bucket, in bucket order; the communication thread
   // all-gathers a bucket's working weights (fp16/bf16: written by the optimizer in the same
-  // pass; fp32: the masters themselves) while the next bucket is updated, and after the
-  // last bucket the fp32 copy of the parameters layers read in fp32.
+  // pass; fp32: the masters themselves) while the next bucket is updated, from the last
+  // bucket (the first layers) to bucket 0, then the fp32 copy of the parameters layers
+  // read in fp32.
   const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
   const bool mixed = model_->masters_sharded();
   const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
@@ -463,12 +464,12 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg_.test_stall_seconds));
   }
   const auto& buckets = reducer_->buckets();
-  for (size_t b = 0; b < buckets.size(); ++b) {
+  for (size_t b = buckets.size(); b-- > 0;) {  // the reducer gathers the last bucket first
     const int64_t a = std::max(lo, buckets[b].offset);
     const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
     if (a < e)
       optimizer_->update(*backend_, master, grad, mixed ? &work_shard : nullptr, a - lo, e - lo);
-    if (mixed && b + 1 == buckets.size()) model_->copy_shard_to_fp32();  // gathered last
+    if (mixed && b == 0) model_->copy_shard_to_fp32();  // gathered after bucket 0
     reducer_->gather_ready(b);
   }
   const auto t_update = Clock::now();

@@ -117,7 +117,7 @@ timeout 60 mpirun -n 2 -x RINGTRAIN_TEST_STALL=1:3:120:gather "$BIN" train "${ar
 took=$(( $(date +%s) - start ))
 [[ $rc -eq 2 ]] || fail "stall in the all-gather: exit $rc, expected 2: $(cat "$dir/stall.err")"
 (( took < 40 )) || fail "the stalled job took $took s to end"
-grep -q "stall: rank 0 on .* in the weight all-gather of step 3 bucket 0; not arrived: rank 1 on " "$dir/stall.err" ||
+grep -q "stall: rank 0 on .* in the weight all-gather of step 3 bucket 1; not arrived: rank 1 on " "$dir/stall.err" ||
   fail "the stall message does not name the all-gather and rank 1: $(cat "$dir/stall.err")"
 pass "stall in the all-gather detected, rank 1 named, exit 2 in $took s"
 
