@@ -213,7 +213,12 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "evals_since_best", m.evals_since_best);
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
-    for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    for (const auto& p : params) {
+      if (p.full_shape.empty())
+        w.replicated(f, "params/" + p.name, p.tensor);
+      else
+        w.sharded(f, "params/" + p.name, p);
+    }
     maybe_inject_fault("save", m.step);  // between collective writes
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);

@@ -120,7 +120,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("wire-dtype", po::value(&wire), "fp32 | fp16 | bf16 gradients on the wire (default: the compute dtype)")
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
-      ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
+      ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()

@@ -115,22 +115,32 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
     return;
   }
   // --zero 1: the shard's part of each bucket, in bucket order; the communication thread
-  // all-gathers a bucket's fp32 masters while the next bucket is updated.
+  // all-gathers a bucket's working weights (fp16/bf16: written by the optimizer in the same
+  // pass; fp32: the masters themselves) while the next bucket is updated, from the last
+  // bucket (the first layers) to bucket 0, then the fp32 copy of the parameters layers
+  // read in fp32.
   const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
-  const Tensor master = model_->master().slice(lo, {n}), grad = shard_grad();
+  const bool mixed = model_->masters_sharded();
+  const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
+  const Tensor grad = shard_grad(), work_shard = work.slice(lo, {n});
   optimizer_->begin_step(float(lr_));
-  reducer_->start_gather(model_->master());
+  std::vector<int64_t> fp32_counts;
+  if (mixed)
+    for (int r = 0; r < comm_.size(); ++r)
+      fp32_counts.push_back(model_->fp32_count_in(shards_.begin(r), shards_.end(r)));
+  reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), std::move(fp32_counts));
   observers_.before(Phase::gather, step);
   const auto& buckets = reducer_->buckets();
-  for (size_t b = 0; b < buckets.size(); ++b) {
+  for (size_t b = buckets.size(); b-- > 0;) {  // the reducer gathers the last bucket first
     const int64_t a = std::max(lo, buckets[b].offset);
     const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
-    if (a < e) optimizer_->update(*backend_, master, grad, nullptr, a - lo, e - lo);
+    if (a < e)
+      optimizer_->update(*backend_, master, grad, mixed ? &work_shard : nullptr, a - lo, e - lo);
+    if (mixed && b == 0) model_->copy_shard_to_fp32();  // gathered after bucket 0
     reducer_->gather_ready(b);
   }
   const auto t_update = Clock::now();
   reducer_->finish_gather();
-  model_->refresh_working_copy(*backend_);  // fp16/bf16: the gathered masters, cast
   observers_.after(Phase::optimizer, step, t_opt, t_update);
   observers_.after(Phase::gather, step, t_update, Clock::now());
 }
@@ -247,7 +257,7 @@ void Trainer::save_checkpoint() {
     if (host_) host_->download();  // cuda: the store writes host memory
     const uint64_t bytes =
         host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
-              : store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(), {},
+              : store_->save(comm_.mpi(), m, param_views(), optimizer_views(), {},
                              buffer_views(*model_));
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (comm_.rank() == 0)

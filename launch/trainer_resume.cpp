@@ -54,7 +54,8 @@ std::string Trainer::choose_checkpoint() {
   // datasets) is renamed aside, never deleted, with a warning: it is not chosen again,
   // and pruning by step number cannot prefer it over new checkpoints.
   std::vector<io::NamedTensor> expected;  // every dataset a resume reads, with its shape
-  for (const auto& p : master_views(*model_)) expected.push_back({"params/" + p.name, p.tensor});
+  for (const auto& p : param_views())
+    expected.push_back({"params/" + p.name, p.tensor, p.full_shape});
   for (const auto& b : buffer_views(*model_)) expected.push_back({"buffers/" + b.name, b.tensor});
   for (const auto& s : optimizer_views())
     for (const auto& p : s.per_param)
@@ -135,7 +136,8 @@ void Trainer::start_from(const std::string& path) {
                                 : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
   if (path.empty()) {  // the constructor broadcasts rank 0's parameters afterwards
     make_loader(requested, cfg_.grad_accum);
-    if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
+    if (comm_.rank() == 0 || model_->masters_sharded())
+      model_->init_parameters(cfg_.seed, *backend_);
     return;
   }
   const io::CheckpointMeta m = io::read_checkpoint_meta(path);
@@ -166,7 +168,7 @@ void Trainer::start_from(const std::string& path) {
     io::read_checkpoint_optimizer(path, host_->optimizer);
     host_->upload();
   } else {
-    io::read_checkpoint_params(path, master_views(*model_));
+    io::read_checkpoint_params(path, param_views());  // --zero 1: this rank's shard
     io::read_checkpoint_buffers(path, buffer_views(*model_));
     io::read_checkpoint_optimizer(path, optimizer_views());
   }
