@@ -18,6 +18,7 @@ struct TrainConfig {
   std::string data, val_data;
   int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
   bool cache = false;         // keep the samples read in memory
+  int64_t seq_len = 0;        // token data: tokens per window (0: the model's context)
   std::string model = "mlp";  // a built-in name or a model file
   // Overrides of the model file's vars, in order: (var, value, the option that gave it),
   // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.

@@ -129,29 +129,16 @@ std::string duration_str(double seconds) {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
-  // The models here take images: token data is named as such, not as a damaged dataset.
-  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
-                        cat("model '", cfg_.model, "'"));
-  data_ = std::make_unique<io::Dataset>(cfg_.data);
-  const auto& info = data_->info();
-  if (!cfg_.val_data.empty()) {
-    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
-                          cat("model '", cfg_.model, "'"));
-    val_ = std::make_unique<io::Dataset>(cfg_.val_data);
-    RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
-               "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
-               shape_str(info.sample_shape));
-  }
-  norm_ = io::normalization_of(info);
+  load_plugins(cfg_.plugins);  // their ops may be the model's first node
+  const auto [sample, classes] = setup_data();
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
-  if (cfg_.cache) data_->enable_cache();
+  if (cfg_.cache && data_) data_->enable_cache();
 
-  load_plugins(cfg_.plugins);
   model_file_ = std::make_unique<ModelFile>(
-      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, info.sample_shape,
-                         info.num_classes, cat("--data '", cfg_.data, "'")));
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
+                         cat("--data '", cfg_.data, "'")));
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
@@ -168,9 +155,8 @@ void Trainer::setup() {
   scaler_ = std::make_unique<LossScaler>(ls);
   if (!cfg_.checkpoint_dir.empty())
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
-  RT_REQUIRE(!val_ || val_->info().num_classes <= info.num_classes, "--val-data '", cfg_.val_data,
-             "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
-             info.num_classes);
+  RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
+             val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
   // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
@@ -192,6 +178,46 @@ void Trainer::setup() {
              "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
              "buffers is not sharded yet); use --zero 0 with --device cuda");
   if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+}
+
+std::pair<Shape, int64_t> Trainer::setup_data() {
+  // The model says which kind of data it takes (an embedding first: token ids); the data
+  // of the other kind is named as such, not as a damaged dataset.
+  const TokenInput lm = token_input_of_run(cfg_.model, cfg_.model_vars);
+  const io::DataKind want = lm.takes_tokens ? io::DataKind::tokens : io::DataKind::images;
+  const std::string who = cat("model '", cfg_.model, "'");
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), want, who);
+  if (!cfg_.val_data.empty())
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), want, who);
+  if (!lm.takes_tokens) {
+    RT_REQUIRE(cfg_.seq_len == 0, "--seq-len ", cfg_.seq_len, " is for token data; ", who,
+               " takes images and labels");
+    data_ = std::make_unique<io::Dataset>(cfg_.data);
+    const auto& info = data_->info();
+    if (!cfg_.val_data.empty()) {
+      val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+      RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
+                 "' has samples of shape ", shape_str(val_->info().sample_shape),
+                 " but --data has ", shape_str(info.sample_shape));
+    }
+    norm_ = io::normalization_of(info);
+    return {info.sample_shape, info.num_classes};
+  }
+  // Windows of T tokens, T = --seq-len or the model's context; the vocabulary must fit the
+  // embedding and every shard (training and validation) must hold a window.
+  tokens_ = std::make_unique<io::TokenDataset>(cfg_.data);
+  const int64_t t = cfg_.seq_len ? cfg_.seq_len : lm.context;
+  RT_REQUIRE(t > 0, "--seq-len is needed: ", who, " has no positional embedding to take ",
+             "its length from");
+  const int64_t context = lm.context ? lm.context : t;
+  io::require_tokens_fit_model(tokens_->info(), t, lm.vocab, context, cfg_.model);
+  tokens_->set_seq_len(t);
+  if (!cfg_.val_data.empty()) {
+    val_tokens_ = std::make_unique<io::TokenDataset>(cfg_.val_data);
+    io::require_tokens_fit_model(val_tokens_->info(), t, lm.vocab, context, cfg_.model);
+    val_tokens_->set_seq_len(t);
+  }
+  return {{t}, tokens_->info().vocab_size};
 }
 
 void Trainer::set_decay_groups() {
@@ -527,11 +553,13 @@ void Trainer::save_checkpoint() {
     m.optimizer = optimizer_->name();
     m.optimizer_step = optimizer_->steps();
     m.seed = int64_t(cfg_.seed);
-    const auto& info = data_->info();
-    m.input_mean = info.has_norm ? info.mean : 0.0;
-    m.input_std = info.has_norm ? info.std : 1.0;
-    m.input_channel_mean = info.channel_mean;
-    m.input_channel_std = info.channel_std;
+    if (data_) {  // token ids take no normalisation
+      const auto& info = data_->info();
+      m.input_mean = info.has_norm ? info.mean : 0.0;
+      m.input_std = info.has_norm ? info.std : 1.0;
+      m.input_channel_mean = info.channel_mean;
+      m.input_channel_std = info.channel_std;
+    }
     m.grad_accum = grad_accum_;
     m.best_value = best_value_;
     m.best_step = best_step_;
@@ -558,36 +586,52 @@ void Trainer::save_checkpoint() {
 }
 
 bool Trainer::run_eval() {
-  if (!val_) return false;
+  if (!val_ && !val_tokens_) return false;
   last_eval_step_ = step_;
   sync_buffers();
   // Collective (its sums): an error in it ends the job from the rank that saw it.
-  const EvalResult r =
-      evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, micro_batch_), norm_);
-  char line[200];
-  std::snprintf(line, sizeof line,
-                "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
-                static_cast<long long>(step_), r.loss, r.accuracy,
-                static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
+  const int64_t batch = std::max<int64_t>(val_tokens_ ? 16 : 256, micro_batch_);
+  const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
+                                   : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
+  char line[240];
+  // -1: not byte tokens (no bits/byte)
+  const double bits = val_tokens_ ? bits_per_byte(val_tokens_->info(), r.loss).value_or(-1) : -1;
+  if (val_tokens_) {
+    char bpb[40] = "";
+    if (bits >= 0) std::snprintf(bpb, sizeof bpb, " (%.4f bits/byte)", bits);
+    std::snprintf(line, sizeof line,
+                  "eval step %lld: val loss %.4f nats/token%s accuracy %.4f (%lld windows of "
+                  "%lld tokens, computed in %s)",
+                  static_cast<long long>(step_), r.loss, bpb, r.accuracy,
+                  static_cast<long long>(r.samples), static_cast<long long>(val_tokens_->seq_len()),
+                  dtype_name(model_->compute_dtype()));
+  } else {
+    std::snprintf(line, sizeof line,
+                  "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
+                  static_cast<long long>(step_), r.loss, r.accuracy,
+                  static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
+  }
   say(line);
   if (tensorboard_) {
     tensorboard_->scalar("val/loss", step_, r.loss);
     tensorboard_->scalar("val/accuracy", step_, r.accuracy);
     tensorboard_->flush();
   }
-  metrics_.write(JsonLine()
-                     .add("type", "eval")
-                     .add("step", step_)
-                     .add("split", "val")
-                     .add("loss", r.loss)
-                     .add("accuracy", r.accuracy)
-                     .add("precision", dtype_name(model_->compute_dtype())));
+  JsonLine record;
+  record.add("type", "eval")
+      .add("step", step_)
+      .add("split", "val")
+      .add("loss", r.loss)
+      .add("accuracy", r.accuracy)
+      .add("precision", dtype_name(model_->compute_dtype()));
+  if (val_tokens_) record.add("tokens", r.tokens);
+  if (bits >= 0) record.add("bits_per_byte", bits);
+  metrics_.write(record);
   track_best(r.loss, r.accuracy);
   return true;
 }
 
 int Trainer::run() {
-  const auto& info = data_->info();
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
           " node(s), device ", device_str(device_), ", ", backend_->threads(),
           " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
@@ -598,11 +642,17 @@ int Trainer::run() {
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
           device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
           "; ", memory_report()));
-  say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
-          shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
-          model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
-          " nodes, ", model_->num_params(), " parameters; ", loader_->steps_per_epoch(),
-          " steps/epoch, ", total_steps_, " steps"));
+  const std::string data_line =
+      tokens_
+          ? cat("data '", tokens_->info().path, "': ", tokens_->info().num_tokens,
+                " tokens (vocabulary ", tokens_->info().vocab_size, ", tokenizer '",
+                tokens_->info().tokenizer, "'), ", loader_->num_samples(), " windows of ",
+                tokens_->seq_len(), " tokens, ", global_batch_ * tokens_->seq_len(), " tokens/step")
+          : cat("data '", data_->info().path, "': ", data_->info().num_samples, " samples of ",
+                shape_str(data_->info().sample_shape), ", ", data_->info().num_classes, " classes");
+  say(cat(data_line, "; model '", model_file_->name(), "' (", model_file_->origin(), ") with ",
+          model_->layers().size(), " nodes, ", model_->num_params(), " parameters; ",
+          loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);
   write_start_record();
@@ -642,12 +692,13 @@ int Trainer::run() {
       const double sps = samples / std::max(secs, 1e-9);
       const double eta = double(total_steps_ - step_) * secs / double(window_steps);
       char line[240];
+      // Token data: the loss in nats/token, the accuracy per token, and tokens/s.
+      const int64_t t = tokens_ ? tokens_->seq_len() : 1;
       std::snprintf(line, sizeof line,
-                    "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s "
-                    "ETA %s",
+                    "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
                     static_cast<long long>(step_), static_cast<long long>(total_steps_),
-                    static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()), lr_, sps,
-                    duration_str(eta).c_str());
+                    static_cast<long long>(epoch_), loss, acc, double(scaler_->scale()), lr_,
+                    sps * double(t), tokens_ ? "tokens" : "samples", duration_str(eta).c_str());
       progress(line, double(step_) / double(std::max<int64_t>(total_steps_, 1)));
       maybe_inject_fault("metrics", step_);
       if (tensorboard_) {
@@ -673,6 +724,7 @@ int Trainer::run() {
                          .add("loss_scale", double(scaler_->scale()))
                          .add("lr", lr_)
                          .add("samples_per_sec", sps)
+                         .add("tokens_per_sec", sps * double(t))
                          .add("world_size", comm_.size())
                          .add("step_s", times.step_s / double(window_steps))
                          .add("data_wait_s", times.data_s / double(window_steps))
@@ -706,7 +758,7 @@ int Trainer::run() {
       return 75;
     }
     // Evaluation first: a checkpoint of this step then carries its verdict (best, patience).
-    const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
+    const bool epoch_done = loader_->position() + global_batch_ > loader_->num_samples();
     if (step_ < total_steps_) eval_if_due(epoch_done);
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || out.save_due)
       save_checkpoint();

@@ -13,6 +13,7 @@
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
+#include "io/tokens.hpp"
 #include "launch/config.hpp"
 #include "launch/device.hpp"
 #include "launch/metrics.hpp"
@@ -62,6 +63,9 @@ class Trainer {
 
  private:
   void setup();
+  // The training (and validation) data of the kind the model takes: its sample shape and
+  // classes ([T] and the vocabulary for token data) for the model file.
+  std::pair<Shape, int64_t> setup_data();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
   // The loader of global batch G in micro-batches of G / (ranks x grad_accum) per rank, and
@@ -117,11 +121,12 @@ class Trainer {
   comm::Communicator& comm_;
   Device device_;  // cpu, or this rank's GPU (--device cuda): see launch/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<kernels::Backend> wire_backend_;  // cuda: the wire-dtype casts of buckets
-  BatchStage stage_batch_;                          // cuda: the batch uploaded
-  std::unique_ptr<HostMirror> host_;                // cuda: host copies for checkpoints
-  std::vector<float> hist_values_[2];               // cuda: histograms' values on the host
-  std::unique_ptr<io::Dataset> data_, val_;
+  std::unique_ptr<kernels::Backend> wire_backend_;         // cuda: the wire-dtype casts of buckets
+  BatchStage stage_batch_;                                 // cuda: the batch uploaded
+  std::unique_ptr<HostMirror> host_;                       // cuda: host copies for checkpoints
+  std::vector<float> hist_values_[2];                      // cuda: histograms' values on the host
+  std::unique_ptr<io::Dataset> data_, val_;                // image data, or
+  std::unique_ptr<io::TokenDataset> tokens_, val_tokens_;  // token data (a language model)
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
   std::unique_ptr<Model> model_;
