@@ -58,7 +58,7 @@ PY
 # ---- 1, 2 and 4 ranks, one global batch of 24 windows of 16 tokens ---------------------
 for n in 1 2 4; do
   out=$(mpi "$n" "$BIN" train "${common[@]}" "${sgd[@]}" --steps 24 --checkpoint-dir "w$n" \
-    --metrics "w$n.jsonl") || fail "$n ranks exited $?: $out"
+    --val-data data/c-val.h5 --metrics "w$n.jsonl") || fail "$n ranks exited $?: $out"
   [[ $n -ne 2 ]] || contains "windows of 16 tokens, 384 tokens/step" <<<"$out" \
     || fail "the start-up line gives tokens per step: $out"
 done
@@ -73,6 +73,15 @@ for n in 2 4; do
     || fail "$n ranks x $((24 / n)) vs 1 rank x 24: parameters differ by $dist (relative L2) > 1e-5"
   pass "$n ranks x $((24 / n)) windows = 1 rank x 24 after 24 steps: relative L2 $dist (<= 1e-5)"
 done
+
+# Validation during training (fp32) is the eval command's figure for the same checkpoint.
+out=$(mpi 2 "$BIN" eval --checkpoint w1/ckpt-000000024.h5 --data data/c-val.h5 --threads 1 \
+  --metrics w1-eval.jsonl) || fail "eval of w1 exited $?: $out"
+$PY -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-9 * b)' \
+  "$(last w1.jsonl eval loss)" "$(last w1-eval.jsonl eval loss)" \
+  || fail "validation during training $(last w1.jsonl eval loss) vs eval $(last w1-eval.jsonl eval loss)"
+[[ $(last w1.jsonl eval tokens) == "$(last w1-eval.jsonl eval tokens)" ]] || fail "validation tokens"
+pass "validation during training = eval of its checkpoint: $(last w1.jsonl eval loss) nats/token"
 
 # ---- bitwise resume (bf16, AdamW; the schedule fixed to 24 steps): 12 + 12 = 24 steps ------
 adamw=(--optimizer adamw --lr 3e-3 --weight-decay 0.1 --grad-clip 1 --batch-size 8 --precision bf16
