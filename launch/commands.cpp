@@ -171,8 +171,11 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
                                  model_name);
     data->set_seq_len(t);
   });
-  const EvalResult r = run_or_fail(
-      [&] { return evaluate_tokens(*loaded.model, *data, comm, backend, cfg.batch_size); });
+  // Windows of about 8192 tokens a pass unless --batch-size says: [B, T, V] fp32 logits of
+  // 256 windows of 1024 tokens over GPT-2's vocabulary would be 52 GB.
+  const int64_t batch = cfg.batch_size_given ? cfg.batch_size : std::max<int64_t>(1, 8192 / t);
+  const EvalResult r =
+      run_or_fail([&] { return evaluate_tokens(*loaded.model, *data, comm, backend, batch); });
   const double bits = bits_per_byte(data->info(), r.loss).value_or(-1);  // -1: not bytes
   if (comm.rank() == 0) {
     char bpb[40] = "";

@@ -86,6 +86,7 @@ struct EvalConfig {
   std::string baselines;  // token data: the training split the n-gram baselines count
   int64_t seq_len = 0;    // token data: windows of this many targets (0: every token)
   int64_t batch_size = 256;
+  bool batch_size_given = false;  // token data: else windows of about 8192 tokens together
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";       // cpu | cuda

@@ -565,6 +565,7 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
+  c.batch_size_given = !vm["batch-size"].defaulted();
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
   RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
              "' is not known; expected cpu or cuda");

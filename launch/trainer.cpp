@@ -590,7 +590,8 @@ bool Trainer::run_eval() {
   last_eval_step_ = step_;
   sync_buffers();
   // Collective (its sums): an error in it ends the job from the rank that saw it.
-  const int64_t batch = std::max<int64_t>(val_tokens_ ? 16 : 256, micro_batch_);
+  // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
+  const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
   const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
                                    : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
   char line[240];
