@@ -18,6 +18,7 @@ struct TrainConfig {
   std::string data, val_data;
   int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
   bool cache = false;         // keep the samples read in memory
+  int64_t seq_len = 0;        // token data: tokens per window (0: the model's context)
   std::string model = "mlp";  // a built-in name or a model file
   // Overrides of the model file's vars, in order: (var, value, the option that gave it),
   // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.
@@ -85,6 +86,7 @@ struct EvalConfig {
   std::string baselines;  // token data: the training split the n-gram baselines count
   int64_t seq_len = 0;    // token data: windows of this many targets (0: every token)
   int64_t batch_size = 256;
+  bool batch_size_given = false;  // token data: else windows of about 8192 tokens together
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";       // cpu | cuda

@@ -14,6 +14,7 @@
 #include "launch/trainer.hpp"
 #include "nn/legacy_model_json.hpp"
 #include "nn/op_registry.hpp"
+#include "ringtrain/model.pb.h"
 
 namespace ringtrain::launch {
 
@@ -82,6 +83,28 @@ void require_plugins_loaded(const io::CheckpointMeta& meta, const std::string& p
 }
 
 }  // namespace
+TokenInput token_input_of(const ModelPlan& plan) {
+  for (const auto& n : plan.nodes) {
+    if (n.op != "embedding" || n.inputs != std::vector<int>{-1}) continue;
+    const auto& e = n.def->embedding();
+    const bool positional = !e.has_positional() || e.positional();
+    return {true, e.vocab_size(), positional ? e.context() : 0};
+  }
+  return {};
+}
+
+TokenInput token_input_of_run(const std::string& model,
+                              const std::vector<TrainConfig::VarOverride>& vars) {
+  ModelFile f = ModelFile::load(model);
+  if (f.def().node_size() == 0 || !f.def().node(0).has_embedding()) return {};
+  for (const auto& v : vars) f.override_var(v.var, v.value, v.option);
+  // One token and two classes fit any language model; a shape or class count the file
+  // states is kept (the data is checked against it when the model is built for the run).
+  const Shape declared = f.input_shape();
+  f.set_data_shape(declared.empty() ? Shape{1} : declared, f.classes() ? f.classes() : 2,
+                   "the probe for its input");
+  return token_input_of(plan_model(f));
+}
 
 ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path) {
   const std::string origin = cat("checkpoint '", path, "' (model attribute)");

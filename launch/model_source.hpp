@@ -37,6 +37,19 @@ ModelFile load_model_for_run(const std::string& model,
                              const std::string& layer_precision, const Shape& sample,
                              int64_t classes, const std::string& data);
 
+// What a language model takes: token ids, when the model input feeds an `embedding` node;
+// `vocab` is that embedding's rows and `context` its positions (0: no positional embedding,
+// any length). A model takes images and labels otherwise.
+struct TokenInput {
+  bool takes_tokens = false;
+  int64_t vocab = 0, context = 0;
+};
+TokenInput token_input_of(const ModelPlan& plan);
+// The same for `train`'s --model and var overrides, before the data fixes the input shape:
+// a model whose first node is an embedding is planned for one token to read its limits.
+TokenInput token_input_of_run(const std::string& model,
+                              const std::vector<TrainConfig::VarOverride>& vars);
+
 // The model a checkpoint holds: its normalised model text, or (older checkpoints) its model
 // JSON mapped to the shipped file. `path` names the checkpoint in messages.
 ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path);

@@ -52,7 +52,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", value_or_default(&c.prefetch), "batches read ahead by the loader thread (0: none)")
       ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
-      ("augment", po::value(&c.augment), "image augmentation: crop:PAD (random crop after zero padding), flip (horizontal), or crop:PAD,flip");
+      ("augment", po::value(&c.augment), "image augmentation: crop:PAD (random crop after zero padding), flip (horizontal), or crop:PAD,flip")
+      ("seq-len", value_or_default(&c.seq_len), "token data: tokens per window (0: the model's context)");
   po::options_description model("model");
   model.add_options()
       ("model", po::value(&c.model)->default_value("mlp"), "mlp | cnn | resnet (models/*.pbtxt) or a model file (docs/models.md)")
@@ -186,6 +187,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              "--keep-best needs --checkpoint-dir (best.h5 is kept there)");
   RT_REQUIRE((c.keep_best.empty() && c.early_stop == 0 && c.eval_every == 0) || !c.val_data.empty(),
              "--keep-best, --early-stop and --eval-every need --val-data to evaluate on");
+  RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   io::parse_augment(c.augment);  // input error now, not in the loader thread
   require_positive(ls.init_scale, "init-scale");
   require_positive(ls.min_scale, "min-scale");

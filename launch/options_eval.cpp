@@ -19,7 +19,7 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
       ("checkpoint", po::value(&c.checkpoint), "checkpoint file (ckpt-*.h5); may be left out with --baselines")
       ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("data", po::value(&c.data)->required(), "dataset to evaluate on")
-      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass")
+      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass (token data: windows; default 8192 / T)")
       ("baselines", po::value(&c.baselines), "token data: also print the unigram and bigram cross-entropy on --data, counted on this training split")
       ("seq-len", value_or_default(&c.seq_len), "token data: windows of this many tokens (0: every token of the stream is a target)");
   po::options_description prec("precision");
@@ -44,6 +44,7 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
+  c.batch_size_given = !vm["batch-size"].defaulted();
   RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
   RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
              "' is not known; expected cpu or cuda");

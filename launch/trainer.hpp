@@ -12,6 +12,7 @@
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
+#include "io/tokens.hpp"
 #include "launch/config.hpp"
 #include "launch/console.hpp"
 #include "launch/device.hpp"
@@ -80,6 +81,9 @@ class Trainer {
 
  private:
   void setup();
+  // The training (and validation) data of the kind the model takes: its sample shape and
+  // classes ([T] and the vocabulary for token data) for the model file.
+  std::pair<Shape, int64_t> setup_data();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
   // The loader of global batch G in micro-batches of G / (ranks x grad_accum) per rank, and
@@ -156,10 +160,11 @@ class Trainer {
   comm::Communicator& comm_;
   Device device_;  // cpu, or this rank's GPU (--device cuda): see launch/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<kernels::Backend> wire_backend_;  // cuda: the wire-dtype casts of buckets
-  BatchStage stage_batch_;                          // cuda: the batch uploaded
-  std::unique_ptr<HostMirror> host_;                // cuda: host copies for checkpoints
-  std::unique_ptr<io::Dataset> data_, val_;
+  std::unique_ptr<kernels::Backend> wire_backend_;         // cuda: the wire-dtype casts of buckets
+  BatchStage stage_batch_;                                 // cuda: the batch uploaded
+  std::unique_ptr<HostMirror> host_;                       // cuda: host copies for checkpoints
+  std::unique_ptr<io::Dataset> data_, val_;                // image data, or
+  std::unique_ptr<io::TokenDataset> tokens_, val_tokens_;  // token data (a language model)
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
   std::unique_ptr<Model> model_;

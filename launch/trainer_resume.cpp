@@ -106,9 +106,15 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   micro_batch_ = global_batch_ / (comm_.size() * grad_accum_);
   // The loader hands out this rank's whole slice of the global batch; the step cuts it into
   // grad_accum micro-batches, so the samples of a step do not depend on ranks or K.
-  loader_ =
-      std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
-                                   norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
+  if (tokens_) {
+    RT_REQUIRE(cfg_.augment.empty(), "--augment is for images; token data takes none");
+    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, comm_.rank(),
+                                           comm_.size(), cfg_.prefetch);
+  } else {
+    loader_ =
+        std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
+                                     norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
+  }
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
   lr_ = double(float(schedule_->lr(0)));

@@ -119,29 +119,16 @@ std::vector<io::OptimizerState> Trainer::optimizer_views() const {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
-  // The models here take images: token data is named as such, not as a damaged dataset.
-  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
-                        cat("model '", cfg_.model, "'"));
-  data_ = std::make_unique<io::Dataset>(cfg_.data);
-  const auto& info = data_->info();
-  if (!cfg_.val_data.empty()) {
-    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
-                          cat("model '", cfg_.model, "'"));
-    val_ = std::make_unique<io::Dataset>(cfg_.val_data);
-    RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
-               "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
-               shape_str(info.sample_shape));
-  }
-  norm_ = io::normalization_of(info);
+  load_plugins(cfg_.plugins);  // their ops may be the model's first node
+  const auto [sample, classes] = setup_data();
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
-  if (cfg_.cache) data_->enable_cache();
+  if (cfg_.cache && data_) data_->enable_cache();
 
-  load_plugins(cfg_.plugins);
   model_file_ = std::make_unique<ModelFile>(
-      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, info.sample_shape,
-                         info.num_classes, cat("--data '", cfg_.data, "'")));
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
+                         cat("--data '", cfg_.data, "'")));
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
@@ -162,9 +149,8 @@ void Trainer::setup() {
   scaler_ = std::make_unique<LossScaler>(ls);
   if (!cfg_.checkpoint_dir.empty())
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
-  RT_REQUIRE(!val_ || val_->info().num_classes <= info.num_classes, "--val-data '", cfg_.val_data,
-             "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
-             info.num_classes);
+  RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
+             val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
   // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
@@ -187,6 +173,46 @@ void Trainer::setup() {
              "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
              "buffers is not sharded yet); use --zero 0 with --device cuda");
   if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+}
+
+std::pair<Shape, int64_t> Trainer::setup_data() {
+  // The model says which kind of data it takes (an embedding first: token ids); the data
+  // of the other kind is named as such, not as a damaged dataset.
+  const TokenInput lm = token_input_of_run(cfg_.model, cfg_.model_vars);
+  const io::DataKind want = lm.takes_tokens ? io::DataKind::tokens : io::DataKind::images;
+  const std::string who = cat("model '", cfg_.model, "'");
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), want, who);
+  if (!cfg_.val_data.empty())
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), want, who);
+  if (!lm.takes_tokens) {
+    RT_REQUIRE(cfg_.seq_len == 0, "--seq-len ", cfg_.seq_len, " is for token data; ", who,
+               " takes images and labels");
+    data_ = std::make_unique<io::Dataset>(cfg_.data);
+    const auto& info = data_->info();
+    if (!cfg_.val_data.empty()) {
+      val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+      RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
+                 "' has samples of shape ", shape_str(val_->info().sample_shape),
+                 " but --data has ", shape_str(info.sample_shape));
+    }
+    norm_ = io::normalization_of(info);
+    return {info.sample_shape, info.num_classes};
+  }
+  // Windows of T tokens, T = --seq-len or the model's context; the vocabulary must fit the
+  // embedding and every shard (training and validation) must hold a window.
+  tokens_ = std::make_unique<io::TokenDataset>(cfg_.data);
+  const int64_t t = cfg_.seq_len ? cfg_.seq_len : lm.context;
+  RT_REQUIRE(t > 0, "--seq-len is needed: ", who, " has no positional embedding to take ",
+             "its length from");
+  const int64_t context = lm.context ? lm.context : t;
+  io::require_tokens_fit_model(tokens_->info(), t, lm.vocab, context, cfg_.model);
+  tokens_->set_seq_len(t);
+  if (!cfg_.val_data.empty()) {
+    val_tokens_ = std::make_unique<io::TokenDataset>(cfg_.val_data);
+    io::require_tokens_fit_model(val_tokens_->info(), t, lm.vocab, context, cfg_.model);
+    val_tokens_->set_seq_len(t);
+  }
+  return {{t}, tokens_->info().vocab_size};
 }
 
 void Trainer::set_decay_groups() {
@@ -314,7 +340,8 @@ void Trainer::add_observers() {
   if (tensorboard_ && cfg_.histogram_every > 0 && !sharded)
     observers_.add(
         std::make_unique<HistogramObserver>(*model_, grad32_, cfg_.histogram_every, *tensorboard_));
-  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_, comm_.size(),
+  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
+                                                  tokens_ ? tokens_->seq_len() : 0, comm_.size(),
                                                   console_, metrics_, tensorboard_.get()));
   node_hooks_ = observers_.layer_hooks();
   reduce_hooks_ = node_hooks_;
