@@ -709,6 +709,53 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   return true;
 }
 
+bool parse_sample(const std::vector<std::string>& args, SampleConfig& c, std::string* help) {
+  std::string precision = "fp32";
+  // clang-format off
+  po::options_description what("sampling");
+  what.add_options()
+      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint of a language model (ckpt-*.h5)")
+      ("prompt", po::value(&c.prompt)->required(), "text the samples continue (byte tokens; any bytes)")
+      ("tokens", po::value(&c.tokens)->required(), "new tokens per sample")
+      ("temperature", value_or_default(&c.temperature), "softmax temperature, > 0 (below 1: more conservative)")
+      ("top-k", value_or_default(&c.top_k), "draw from the K most likely tokens only (0: all)")
+      ("seed", value_or_default(&c.seed), "the same seed gives the same text")
+      ("num-samples", value_or_default(&c.num_samples), "samples to draw, shared out over the ranks")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)");
+  po::options_description prec("precision");
+  prec.add_options()
+      ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute");
+  po::options_description dev("device");
+  dev.add_options()
+      ("threads", value_or_default(&c.threads), "threads per rank (0: as for train)")
+      ("device", value_or_default(&c.device), "cpu | cuda")
+      ("gpu-memory", value_or_default(&c.gpu_memory), "cuda: grow | reserve:FRACTION");
+  // clang-format on
+  po::options_description desc("sample options");
+  desc.add(general_options()).add(what).add(prec).add(dev).add(debug_options());
+  po::variables_map vm;
+  if (!parse("sample", desc, args, vm, help)) return false;
+  c.precision = parse_float_dtype(precision, "--precision");
+  require_positive_int(vm, "tokens");
+  require_positive_int(vm, "num-samples");
+  require_positive(c.temperature, "temperature");
+  RT_REQUIRE(c.top_k >= 0, "--top-k ", c.top_k, " is not valid: must be >= 0 (0: all tokens)");
+  RT_REQUIRE(c.seed >= 0, "--seed ", c.seed, " is not valid: must be >= 0");
+  RT_REQUIRE(!c.prompt.empty(), "--prompt is empty; give the text to continue (one byte at least)");
+  RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
+  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+             "' is not known; expected cpu or cuda");
+  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);
+  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
 bool parse_convert(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
   // clang-format off
   po::options_description in("input");
