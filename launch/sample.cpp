@@ -109,9 +109,9 @@ int run_sample(const SampleConfig& cfg, comm::Communicator& comm) {
     for (const std::string& t : mine) packed += t;
     std::vector<int> sizes(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
     const int mine_bytes = int(packed.size());
-    RT_CHECK(MPI_Gather(&mine_bytes, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm.mpi()) ==
-                 MPI_SUCCESS,
-             "MPI_Gather of the sample sizes failed");
+    RT_CHECK(
+        MPI_Gather(&mine_bytes, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm.mpi()) == MPI_SUCCESS,
+        "MPI_Gather of the sample sizes failed");
     int total = 0;
     for (int q = 0; q < w; ++q) displs[size_t(q)] = total, total += sizes[size_t(q)];
     std::string all(r == 0 ? size_t(total) : 0, '\0');
