@@ -1,5 +1,5 @@
-// The option tables of `ringtrain eval`, `ringtrain predict` and `ringtrain sample`: the
-// commands that run a checkpoint's model (see options.hpp).
+// The option tables of `ringtrain eval`, `predict`, `sample` and `export`: the commands that
+// read a checkpoint (see options.hpp).
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -142,6 +142,30 @@ bool parse_sample(const std::vector<std::string>& args, SampleConfig& c, std::st
   RT_REQUIRE(c.seed >= 0, "--seed ", c.seed, " is not valid: must be >= 0");
   RT_REQUIRE(!c.prompt.empty(), "--prompt is empty; give the text to continue (one byte at least)");
   check_device_options(c.threads, c.device, c.gpu_memory);
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
+bool parse_export(const std::vector<std::string>& args, ExportConfig& c, std::string* help) {
+  po::options_description d("export options");
+  // clang-format off
+  d.add_options()
+      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
+      ("format", value_or_default(&c.format), "onnx (the only format)")
+      ("out", po::value(&c.out)->required(), "the model file to write (M.onnx); its directory is created if missing")
+      ("opset", value_or_default(&c.opset), "ONNX operator set of the graph (17 is the one supported)");
+  // clang-format on
+  po::options_description desc;
+  desc.add(general_options()).add(d).add(debug_options());
+  po::variables_map vm;
+  if (!parse("export", desc, args, vm, help)) return false;
+  RT_REQUIRE(c.format == "onnx", "--format '", c.format, "' is not known; expected onnx");
+  RT_REQUIRE(c.opset == 17, "--opset ", c.opset,
+             " is not supported; ringtrain writes ONNX opset 17 (LayerNormalization needs 17; "
+             "the ONNX library built in knows no later one)");
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);
     return false;
