@@ -9,8 +9,10 @@ BUILD ?= build
 BUILD_CPU ?= build-cpu
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all deps configure build configure-cpu build-cpu demo test test-cpu test-multinode format clean
+.PHONY: all deps configure build configure-cpu build-cpu install demo test test-cpu test-multinode \
+  format clean
 
 all: build
 
@@ -31,6 +33,11 @@ configure-cpu: deps
 
 build-cpu: configure-cpu
 	@cmake --build $(BUILD_CPU) -j$(JOBS)
+
+# The binary, the libraries an op needs, their headers, the shipped models and the CMake
+# package (find_package(ringtrain)) under $(PREFIX); docs/building.md.
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 demo: build
 	@tools/demo.sh

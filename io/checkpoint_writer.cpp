@@ -199,6 +199,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "precision", m.precision);
     write_attr(f, "model", m.model);
     write_attr(f, "ringtrain_version", m.ringtrain_version);
+    if (!m.plugins.empty()) write_attr(f, "plugins", m.plugins);
     write_attr(f, "input_mean", m.input_mean);
     write_attr(f, "input_std", m.input_std);
     if (!m.input_channel_mean.empty()) {

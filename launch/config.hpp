@@ -129,8 +129,9 @@ struct ConvertConfig {
 
 struct PredictConfig {
   std::string checkpoint, data, out;
-  int64_t top_k = 5;           // at most the model's classes
-  bool probabilities = false;  // softmax instead of logits
+  std::vector<std::string> plugins;  // --plugin: the ops of the checkpoint's model
+  int64_t top_k = 5;                 // at most the model's classes
+  bool probabilities = false;        // softmax instead of logits
   int64_t batch_size = 256;
   DType precision = DType::f32;
   int threads = 0;

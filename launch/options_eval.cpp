@@ -84,6 +84,7 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   data.add_options()
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
       ("data", po::value(&c.data)->required(), "dataset to predict (labels not needed): a file, directory or glob")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass");
   po::options_description out("output");
   out.add_options()

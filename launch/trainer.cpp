@@ -10,6 +10,7 @@
 #include "core/rng.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
+#include "launch/model_source.hpp"
 #include "launch/signals.hpp"
 #include "ringtrain/config.hpp"
 
@@ -225,6 +226,7 @@ void Trainer::save_checkpoint() {
     m.precision = dtype_name(cfg_.precision);
     m.model = model_->text();
     m.ringtrain_version = RINGTRAIN_VERSION;
+    m.plugins = plugins_used(*model_file_);
     m.data_epoch = loader_->epoch();
     m.data_position = loader_->position();
     m.loss_scale = scaler_->scale();
