@@ -22,6 +22,7 @@
 #include "launch/model_source.hpp"
 #include "launch/options.hpp"
 #include "launch/predict.hpp"
+#include "launch/sample.hpp"
 #include "launch/signals.hpp"
 #include "launch/trainer.hpp"
 
@@ -292,6 +293,12 @@ int cmd_predict(const std::vector<std::string>& args, comm::Communicator& comm) 
   PredictConfig cfg;
   if (!parse_agreed(parse_predict, args, cfg, comm)) return 0;
   return run_predict(cfg, comm);
+}
+
+int cmd_sample(const std::vector<std::string>& args, comm::Communicator& comm) {
+  SampleConfig cfg;
+  if (!parse_agreed(parse_sample, args, cfg, comm)) return 0;
+  return run_sample(cfg, comm);
 }
 
 namespace {

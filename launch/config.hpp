@@ -94,6 +94,20 @@ struct EvalConfig {
   std::string metrics;
 };
 
+struct SampleConfig {
+  std::string checkpoint, prompt;
+  std::vector<std::string> plugins;
+  int64_t tokens = 0;        // new tokens per sample
+  double temperature = 1.0;  // > 0
+  int64_t top_k = 0;         // 0: the whole vocabulary
+  int64_t seed = 0;
+  int64_t num_samples = 1;  // sample i draws from stream (seed, i); ranks share them out
+  DType precision = DType::f32;
+  int threads = 0;
+  std::string device = "cpu";
+  std::string gpu_memory = "grow";
+};
+
 struct ModelShowConfig {
   std::string model;  // a built-in name or a model file
   std::vector<TrainConfig::VarOverride> model_vars;
