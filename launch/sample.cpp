@@ -17,24 +17,11 @@
 #include "launch/job.hpp"
 #include "launch/model_source.hpp"
 #include "nn/sampling.hpp"
-#include "nn/transformer_layers.hpp"
 
 namespace ringtrain::launch {
 namespace {
 
 constexpr int64_t kByteVocab = 256;
-
-// True when the model reads token ids: every node that reads the model input embeds it.
-bool takes_tokens(const Model& model) {
-  bool any = false;
-  for (size_t l = 0; l < model.layers().size(); ++l) {
-    const auto& in = model.node_inputs()[l];
-    if (std::find(in.begin(), in.end(), -1) == in.end()) continue;
-    if (!dynamic_cast<const Embedding*>(model.layers()[l].get())) return false;
-    any = true;
-  }
-  return any;
-}
 
 // `prompt` continued by `n` tokens drawn with `rng`.
 std::string generate(Model& model, kernels::Backend& backend, const SampleConfig& cfg,
@@ -79,7 +66,9 @@ int run_sample(const SampleConfig& cfg, comm::Communicator& comm) {
     load_plugins(cfg.plugins);
     loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *backend);
     const Model& m = *loaded.model;
-    RT_REQUIRE(takes_tokens(m), "checkpoint '", cfg.checkpoint, "' holds a model of ",
+    const TokenInput lm =
+        token_input_of(plan_model(model_from_checkpoint(loaded.meta, cfg.checkpoint)));
+    RT_REQUIRE(lm.takes_tokens, "checkpoint '", cfg.checkpoint, "' holds a model of ",
                shape_str(m.input_shape()),
                " inputs, not a language model; `sample` needs a model whose input is token ids "
                "(e.g. models/gpt-tiny.pbtxt trained on a token dataset)");
