@@ -146,6 +146,26 @@ DType conv_dtype(OneDnnConv& dnn, bool native16, const Tensor& a, const Tensor& 
   return native16 && half && a.dtype == b.dtype && dnn.supports(a.dtype) ? a.dtype : DType::f32;
 }
 
+// Whether oneDNN's reorder converts a tensor of dtype t to or from `compute` at the speed of
+// a copy. bf16 <-> fp32 runs in its JIT reorder; oneDNN 2.6 converts fp16 <-> fp32 only in
+// its reference reorder (about 100x slower), so fp16 tensors on the fp32 path are widened
+// and rounded by to_f32 / from_f32 instead.
+bool reorder_converts(DType t, DType compute) {
+  return t == compute || t == DType::f32 || t == DType::bf16;
+}
+
+// A tensor as oneDNN is handed it: itself, or (see reorder_converts) widened into scratch.
+struct DnnArg {
+  const void* data;
+  DType dtype;
+};
+DnnArg dnn_arg(const Tensor& t, DType compute, std::vector<float>& scratch, int threads) {
+  if (reorder_converts(t.dtype, compute)) return {t.data, t.dtype};
+  scratch.resize(size_t(t.numel()));
+  to_f32(t.data, t.dtype, scratch.data(), t.numel(), threads);
+  return {scratch.data(), DType::f32};
+}
+
 }  // namespace
 
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
@@ -160,8 +180,14 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
   }
   const bool relu = act == Activation::relu;
   if (OneDnnConv* dnn = onednn()) {
-    dnn->forward(cs, conv_dtype(*dnn, opts_.native16, x, w), x.data, x.dtype, w.data, w.dtype,
-                 bias ? b.data() : nullptr, relu, y.data, y.dtype);
+    const DType in = conv_dtype(*dnn, opts_.native16, x, w);
+    const DnnArg ax = dnn_arg(x, in, scratch_a_, threads_),
+                 aw = dnn_arg(w, in, scratch_b_, threads_);
+    const bool direct = reorder_converts(y.dtype, in);
+    void* out = direct ? y.data : (out32_.resize(size_t(y.numel())), out32_.data());
+    dnn->forward(cs, in, ax.data, ax.dtype, aw.data, aw.dtype, bias ? b.data() : nullptr, relu, out,
+                 direct ? y.dtype : DType::f32);
+    if (!direct) from_f32(out32_.data(), y.data, y.dtype, y.numel(), threads_);
     return;
   }
   const float* px = as_f32(x, scratch_a_);
@@ -198,8 +224,14 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   if (OneDnnConv* dnn = onednn()) {
-    dnn->backward_data(cs, conv_dtype(*dnn, opts_.native16, dy, w), dy.data, dy.dtype, w.data,
-                       w.dtype, dx.data, dx.dtype);
+    const DType in = conv_dtype(*dnn, opts_.native16, dy, w);
+    const DnnArg ady = dnn_arg(dy, in, scratch_a_, threads_),
+                 aw = dnn_arg(w, in, scratch_b_, threads_);
+    const bool direct = reorder_converts(dx.dtype, in);
+    void* out = direct ? dx.data : (out32_.resize(size_t(dx.numel())), out32_.data());
+    dnn->backward_data(cs, in, ady.data, ady.dtype, aw.data, aw.dtype, out,
+                       direct ? dx.dtype : DType::f32);
+    if (!direct) from_f32(out32_.data(), dx.data, dx.dtype, dx.numel(), threads_);
     return;
   }
   const float* pdy = as_f32(dy, scratch_a_);
@@ -228,7 +260,10 @@ void CpuBackend::conv2d_backward(const ConvShape& cs, const Tensor& x, const Ten
                                  const Tensor* db) {
   OneDnnConv* dnn = onednn();
   const DType in = dnn ? conv_dtype(*dnn, opts_.native16, x, dy) : DType::f32;
-  if (!dnn || !dx || conv_dtype(*dnn, opts_.native16, dy, w) != in) {
+  // The separate passes where a tensor is widened first (they have the scratch for it).
+  if (!dnn || !dx || conv_dtype(*dnn, opts_.native16, dy, w) != in ||
+      !reorder_converts(x.dtype, in) || !reorder_converts(dy.dtype, in) ||
+      !reorder_converts(w.dtype, in) || !reorder_converts(dx->dtype, in)) {
     Backend::conv2d_backward(cs, x, dy, w, dx, dw, db);
     return;
   }
@@ -259,8 +294,11 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
              " elements, expected ", K);
   std::vector<float> sum(size_t(K), 0.f);
   if (OneDnnConv* dnn = onednn()) {
-    dnn->backward_weights(cs, conv_dtype(*dnn, opts_.native16, x, dy), x.data, x.dtype, dy.data,
-                          dy.dtype, acc, db ? sum.data() : nullptr);
+    const DType in = conv_dtype(*dnn, opts_.native16, x, dy);
+    const DnnArg ax = dnn_arg(x, in, scratch_a_, threads_),
+                 ady = dnn_arg(dy, in, scratch_b_, threads_);
+    dnn->backward_weights(cs, in, ax.data, ax.dtype, ady.data, ady.dtype, acc,
+                          db ? sum.data() : nullptr);
     if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
     if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
     return;

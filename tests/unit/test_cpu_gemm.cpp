@@ -365,9 +365,10 @@ TEST(NativeConv, MatchesWideningOnEveryModelShape) {
 
 // ---- the widening path converts in oneDNN's reorders --------------------------------------
 
-// 16-bit tensors on the fp32 path are widened by the reorder into oneDNN's layout and results
-// rounded by the reorder out of it: bit for bit what widening first (the tensors' exact fp32
-// values) and rounding the fp32 result once (nearest, ties to even) gives.
+// bf16 tensors on the fp32 path are widened by the reorder into oneDNN's layout and results
+// rounded by the reorder out of it (fp16 ones by to_f32 / from_f32): bit for bit what
+// widening first (the tensors' exact fp32 values) and rounding the fp32 result once
+// (nearest, ties to even) gives.
 TEST(WidenedConv, ConversionInTheReorderEqualsWideningFirst) {
   auto be = backend(GemmProvider::onednn, false);
   for (DType t : {DType::bf16, DType::f16}) {
