@@ -4,7 +4,8 @@
 // any rank, ends every rank with one message (tests/e2e/failures.sh). Points: read (the
 // loader thread), forward, backward, reduce (the communication thread), gather (--zero 1's
 // all-gather, the communication thread), optimizer, eval,
-// save (between collective writes of a checkpoint), metrics (rank 0's metrics writer).
+// save (between collective writes of a checkpoint), metrics (rank 0's metrics writer),
+// export (after `ringtrain export` built and checked the graph).
 #pragma once
 
 #include <cstdint>

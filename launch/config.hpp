@@ -124,4 +124,11 @@ struct PredictConfig {
   std::string gpu_memory = "grow";
 };
 
+// `ringtrain export`: a checkpoint's network as a file for other runtimes.
+struct ExportConfig {
+  std::string checkpoint, out;
+  std::string format = "onnx";
+  int64_t opset = 17;  // the ONNX operator set the graph is written for
+};
+
 }  // namespace ringtrain::launch

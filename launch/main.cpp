@@ -70,10 +70,11 @@ int main(int argc, char** argv) {
     if (command == "convert") return cmd_convert(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
+    if (command == "export") return cmd_export(args, world);
     agree(world, [&] {
       throw_input(cat("unknown command '", command,
-                      "'; expected train, eval, predict, convert, inspect, model "
-                      "or --version"));
+                      "'; expected train, eval, predict, export, convert, inspect, "
+                      "model or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;

@@ -14,9 +14,11 @@
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
 #include "launch/config.hpp"
+#include "launch/console.hpp"
 #include "launch/device.hpp"
 #include "launch/metrics.hpp"
 #include "launch/numerics.hpp"
+#include "launch/step_observers.hpp"
 #include "launch/tensorboard.hpp"
 #include "launch/timeline.hpp"
 #include "nn/loss_scaler.hpp"
@@ -25,9 +27,6 @@
 #include "nn/optimizer.hpp"
 
 namespace ringtrain::launch {
-
-// "42s", "3m07s", "2h05m": an ETA for progress lines.
-std::string duration_str(double seconds);
 
 // The fp32 masters as the checkpoint names them: one view per parameter.
 std::vector<io::NamedTensor> master_views(Model& model);
@@ -51,7 +50,8 @@ class Trainer {
     bool save_due = false;  // --checkpoint-secs elapsed on rank 0
   };
   // One step: this rank's batch, forward, backward, gradient allreduce, unscale + check,
-  // optimizer (or skip). run() is a loop of these; tests drive it directly.
+  // optimizer (or skip), each phase reported to the observers (step_observers.hpp). run() is
+  // a loop of these; tests drive it directly.
   StepOutcome step_once();
 
   Model& model() { return *model_; }
@@ -71,15 +71,36 @@ class Trainer {
   // (--batch-size, or the checkpoint's) with the checkpoint's global batch on this many ranks.
   int64_t resume_grad_accum(const io::CheckpointMeta& m, int64_t global_batch) const;
   void set_decay_groups();  // the optimizer's decay ranges from Param::decay (--decay-all: all)
+  void make_reducer();
+  // The run's step observers and the layer hooks built on them (after the restore, so the
+  // loss-scale warnings count from the restored scale).
+  void add_observers();
 
-  // Parts of a step (trainer.cpp). One micro-batch's forward, loss and backward; the last
-  // one of a step hands its gradients to the reducer as they are ready.
+  // Parts of a step (trainer.cpp). Every micro-batch's forward, loss and backward, summed.
+  kernels::XentResult forward_backward_all(const io::Batch& batch, float scale, int64_t step);
+  // One micro-batch's; the last one of a step hands its gradients to the reducer as they are
+  // ready.
   kernels::XentResult forward_backward(const io::Batch& batch, int64_t micro, float scale,
                                        int64_t step);
   // The loss of the logits against the labels (classifier) or target tokens (language
   // model: logits [B, T, V]), and dlogits.
   kernels::XentResult loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
                                         const Tensor& dlogits);
+  // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass (--zero 1:
+  // this rank's shard, with its squared norm when clipping). This rank's view, before the
+  // ranks agree.
+  struct Unscaled {
+    bool nonfinite = false;
+    double sum_sq = 0;
+  };
+  Unscaled unscale_and_check(float scale);
+  // One small allreduce agrees on the loss and accuracy sums, a stop signal, a due save,
+  // non-finite gradients and the squared norm of the shards; then who was signalled.
+  struct Agreed {
+    double loss_sum = 0, correct = 0, sum_sq = 0;
+    bool stop = false, save_due = false, nonfinite = false;
+  };
+  Agreed agree_on_step(const kernels::XentResult& xent, const Unscaled& mine);
   void accumulate_micro_grads(int64_t micro);  // micro-batches before the last: into acc32_
   void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
   // Clip (by the norm whose square, summed over ranks, is `sum_sq` under --zero 1), then the
@@ -97,19 +118,11 @@ class Trainer {
   void write_start_record();
   void write_stop_record(const char* reason, int code);
   void write_tensorboard_config();  // hparams and the config as text
-  void make_reducer();
   void save_checkpoint();
   bool run_eval();      // false without --val-data
   void sync_buffers();  // rank 0's non-trainable state (BatchNorm running averages) to all
-  void say(const std::string& line);                        // rank 0, stdout, a line of its own
-  void warn(const char* kind, const std::string& message);  // rank 0, stderr
-  // Rank 0's progress: a bar redrawn in place on a terminal, plain lines otherwise.
-  void progress(const std::string& line, double fraction);
-  bool bar_active_ = false, progress_bar_ = false;
+  void say(const std::string& line) { console_.say(line); }  // rank 0, stdout
   void finish_timeline();  // collective: rank 0 writes the merged trace
-  Timeline timeline_;
-  bool tracing_ = false;  // this step is inside --timeline-steps
-  std::chrono::steady_clock::time_point last_mark_;
   // The optimizer state as the checkpoint names it: one view per state and parameter.
   std::vector<io::OptimizerState> optimizer_views() const;
 
@@ -120,7 +133,6 @@ class Trainer {
   std::unique_ptr<kernels::Backend> wire_backend_;  // cuda: the wire-dtype casts of buckets
   BatchStage stage_batch_;                          // cuda: the batch uploaded
   std::unique_ptr<HostMirror> host_;                // cuda: host copies for checkpoints
-  std::vector<float> hist_values_[2];               // cuda: histograms' values on the host
   std::unique_ptr<io::Dataset> data_, val_;
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
@@ -131,9 +143,9 @@ class Trainer {
   std::unique_ptr<comm::GradReducer> reducer_;
   std::unique_ptr<NumericsCheck> numerics_;
   std::unique_ptr<EventWriter> tensorboard_;
-  float initial_scale_ = 1;
-  bool warned_scale_drop_ = false;
+  Console console_;  // rank 0's progress, announcements and warnings
   MetricsWriter metrics_;
+  Timeline timeline_;
   Buffer grad32_storage_;
   Tensor grad32_;             // --zero 1 in fp16/bf16: only this rank's shard
   comm::ShardLayout shards_;  // --zero 1: the ranks' shards of the flat buffers
@@ -154,6 +166,10 @@ class Trainer {
   int stop_signal_ = 0, stop_rank_ = 0, stop_ranks_ = 0;  // agreed when a rank got a signal
   std::string resumed_from_;  // what start_state() resumed from, for the first lines
   std::chrono::steady_clock::time_point last_save_time_;
+  // Last: they watch the members above. node_hooks_ reports nodes to the observers;
+  // reduce_hooks_ also hands each finished gradient to the reducer (a step's last micro-batch).
+  StepObservers observers_;
+  LayerHooks node_hooks_, reduce_hooks_;
 };
 
 }  // namespace ringtrain::launch

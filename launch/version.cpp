@@ -1,5 +1,6 @@
 // `ringtrain --version`: this build and the versions of every library built in.
 #include <H5public.h>
+#include <onnx/common/version.h>
 #include <boost/version.hpp>
 
 #include "comm/mpi/mpi_communicator.hpp"
@@ -19,7 +20,8 @@ std::string version_text() {
       "  MPI:    ", comm::mpi_library_version(), "\n", "  HDF5:   ", maj, ".", min, ".", rel,
       H5_HAVE_PARALLEL ? " (parallel)" : " (serial)", "\n", "  BLAS:   ", kernels::blas_version(),
       "\n", "  CPU:    ", kernels::describe_cpu_gemm(), "\n", "  Boost:  ", BOOST_VERSION / 100000,
-      ".", BOOST_VERSION / 100 % 1000, "\n", "  CUDA:   ",
+      ".", BOOST_VERSION / 100 % 1000, "\n", "  ONNX:   ", onnx::LAST_RELEASE_VERSION,
+      " (libonnx, for export)\n", "  CUDA:   ",
       RINGTRAIN_HAS_CUDA
           ? cat("built for sm ", RINGTRAIN_CUDA_ARCHS, " with toolkit ", RINGTRAIN_CUDA_VERSION,
                 "\n          loaded: ", kernels::cuda::library_versions(),

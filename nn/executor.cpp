@@ -8,8 +8,7 @@
 
 namespace ringtrain {
 
-const Tensor& Model::forward(Context& ctx, const Tensor& x,
-                             const std::function<void(size_t, const Tensor&)>& after_layer) {
+const Tensor& Model::forward(Context& ctx, const Tensor& x, const LayerHooks& hooks) {
   RT_CHECK(!layers_.empty(), "a model without nodes");
   outs_.assign(layers_.size(), nullptr);
   const bool label = master_.device().kind != Device::cpu;  // out-of-memory messages
@@ -20,13 +19,12 @@ const Tensor& Model::forward(Context& ctx, const Tensor& x,
     std::optional<AllocScope> scope;
     if (label) scope.emplace(layers_[l]->name());
     outs_[l] = &layers_[l]->forward_inputs(ctx, xs);
-    if (after_layer) after_layer(l, *outs_[l]);
+    if (hooks.after_forward) hooks.after_forward(l, *outs_[l]);
   }
   return *outs_.back();
 }
 
-void Model::backward(Context& ctx, const Tensor& dlogits,
-                     const std::function<void(size_t)>& grad_ready) {
+void Model::backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks) {
   const size_t n = layers_.size();
   grads_.assign(n, Tensor());
   has_grad_.assign(n, 0);
@@ -41,7 +39,7 @@ void Model::backward(Context& ctx, const Tensor& dlogits,
       if (label) scope.emplace(layers_[l]->name());
       layers_[l]->backward_inputs(ctx, grads_[l], dxs_);
     }
-    if (backward_hook_) backward_hook_(l, dxs_.empty() ? Tensor() : dxs_[0]);
+    if (hooks.after_backward) hooks.after_backward(l, dxs_.empty() ? Tensor() : dxs_[0]);
     for (size_t j = 0; j < inputs_[l].size(); ++j) {
       const int in = inputs_[l][j];
       if (in < 0) continue;
@@ -62,8 +60,8 @@ void Model::backward(Context& ctx, const Tensor& dlogits,
     for (auto& s : shared_)
       if (s->owner >= first && s->owner < first + count)
         ctx.backend.add(params_[s->owner].grad, s->param.grad, params_[s->owner].grad);
-    if (!grad_ready) continue;
-    for (size_t i = first; i < first + count; ++i) grad_ready(i);
+    if (!hooks.grad_ready) continue;
+    for (size_t i = first; i < first + count; ++i) hooks.grad_ready(i);
   }
 }
 

@@ -1,6 +1,6 @@
-// plan_model: expands a model file into nodes (repeats, `when`, `set`, name templates),
-// resolves inputs, orders the nodes topologically and infers every shape; build_model then
-// makes the layers and the Model. Errors carry FILE:LINE:COLUMN and the node.
+// plan_model: expands a model file into nodes (graph_expand.cpp), resolves inputs, orders
+// the nodes topologically and infers every shape; build_model then makes the layers and the
+// Model. Errors carry FILE:LINE:COLUMN and the node.
 #include "nn/graph_builder.hpp"
 
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "nn/graph_expand.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -19,248 +20,6 @@ namespace ringtrain {
 namespace gp = google::protobuf;
 
 namespace {
-
-// A reference to a node's output, resolved once every node is named.
-struct Ref {
-  bool model_input = false;
-  std::string text;                   // as written (templates expanded)
-  std::vector<std::string> prefixes;  // scopes to look in, innermost last
-  std::string exact;                  // a full name known at expansion
-};
-
-struct Raw {
-  std::string name;
-  std::shared_ptr<pb::Node> def;
-  const pb::Node* source;
-  std::vector<Ref> refs;
-};
-
-std::string op_name(const pb::Node& n) {
-  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
-  const gp::FieldDescriptor* fd = n.GetReflection()->GetOneofFieldDescriptor(n, oneof);
-  if (!fd) return "";
-  if (fd->name() == "custom") return n.custom().type();
-  return fd->name();
-}
-
-std::string upper(std::string s) {
-  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// Sets field `set.field` of the node's op from the expression's value.
-void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
-  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
-  const gp::FieldDescriptor* opf = node.GetReflection()->GetOneofFieldDescriptor(node, oneof);
-  RT_REQUIRE(opf, "set: the node has no op to set '", set.field(), "' of");
-  const ExprValue v = eval_expr(set.expr(), scope);
-  if (opf->name() == "custom") {  // plugin ops: attributes by name
-    pb::Attr* a = nullptr;
-    for (auto& x : *node.mutable_custom()->mutable_attr())
-      if (x.name() == set.field()) a = &x;
-    if (!a) {
-      a = node.mutable_custom()->add_attr();
-      a->set_name(set.field());
-    }
-    switch (v.kind) {
-      case ExprValue::Kind::integer:
-        a->set_int_value(v.i);
-        break;
-      case ExprValue::Kind::real:
-        a->set_float_value(v.d);
-        break;
-      case ExprValue::Kind::string:
-        a->set_string_value(v.s);
-        break;
-      case ExprValue::Kind::list:
-        a->mutable_int_list()->mutable_value()->Assign(v.list.begin(), v.list.end());
-        break;
-    }
-    return;
-  }
-  gp::Message* op = node.GetReflection()->MutableMessage(&node, opf);
-  const gp::FieldDescriptor* fd = op->GetDescriptor()->FindFieldByName(set.field());
-  if (!fd) {
-    std::string fields;
-    for (int i = 0; i < op->GetDescriptor()->field_count(); ++i)
-      fields += (i ? ", " : "") + op->GetDescriptor()->field(i)->name();
-    throw_input(cat("set: op '", opf->name(), "' has no field '", set.field(),
-                    "' (its fields: ", fields.empty() ? "none" : fields, ")"));
-  }
-  const gp::Reflection* r = op->GetReflection();
-  auto integer = [&]() -> int64_t {
-    if (v.kind == ExprValue::Kind::integer) return v.i;
-    if (v.kind == ExprValue::Kind::real && v.d == double(int64_t(v.d))) return int64_t(v.d);
-    throw_input(cat("set: field '", set.field(), "' needs an integer, got '", v.str(), "'"));
-  };
-  auto number = [&]() -> double {
-    RT_REQUIRE(v.is_number(), "set: field '", set.field(), "' needs a number, got '", v.str(), "'");
-    return v.number();
-  };
-  if (fd->is_repeated()) {
-    RT_REQUIRE(
-        fd->cpp_type() == gp::FieldDescriptor::CPPTYPE_INT64 && v.kind == ExprValue::Kind::list,
-        "set: field '", set.field(), "' needs a list of integers, got '", v.str(), "'");
-    r->ClearField(op, fd);
-    for (int64_t x : v.list) r->AddInt64(op, fd, x);
-    return;
-  }
-  switch (fd->cpp_type()) {
-    case gp::FieldDescriptor::CPPTYPE_INT64:
-      r->SetInt64(op, fd, integer());
-      break;
-    case gp::FieldDescriptor::CPPTYPE_INT32:
-      r->SetInt32(op, fd, int32_t(integer()));
-      break;
-    case gp::FieldDescriptor::CPPTYPE_DOUBLE:
-      r->SetDouble(op, fd, number());
-      break;
-    case gp::FieldDescriptor::CPPTYPE_FLOAT:
-      r->SetFloat(op, fd, float(number()));
-      break;
-    case gp::FieldDescriptor::CPPTYPE_BOOL:
-      r->SetBool(op, fd, number() != 0);
-      break;
-    case gp::FieldDescriptor::CPPTYPE_STRING:
-      r->SetString(op, fd, v.str());
-      break;
-    case gp::FieldDescriptor::CPPTYPE_ENUM: {
-      const gp::EnumValueDescriptor* e = v.kind == ExprValue::Kind::string
-                                             ? fd->enum_type()->FindValueByName(upper(v.s))
-                                             : fd->enum_type()->FindValueByNumber(int(integer()));
-      if (!e) {
-        std::string names;
-        for (int i = 0; i < fd->enum_type()->value_count(); ++i)
-          names += (i ? ", " : "") + fd->enum_type()->value(i)->name();
-        throw_input(cat("set: '", v.str(), "' is not a value of field '", set.field(),
-                        "' (expected one of ", names, ")"));
-      }
-      r->SetEnum(op, fd, e);
-      break;
-    }
-    default:
-      throw_input(cat("set: field '", set.field(), "' cannot be set by an expression"));
-  }
-}
-
-class Expander {
- public:
-  explicit Expander(const ModelFile& f) : f_(f) {}
-
-  // Expands `nodes` in `scope`; returns the reference to the last output.
-  Ref expand(const gp::RepeatedPtrField<pb::Node>& nodes, const ExprScope& scope,
-             const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev) {
-    for (const pb::Node& node : nodes) {
-      const std::string loc = f_.where(node);
-      std::string shown = node.name();
-      try {
-        if (!node.when().empty() && !truth(eval_expr(node.when(), scope))) continue;
-        shown = prefixes.back() + expand_template(node.name(), scope);
-      } catch (const Error& e) {
-        fail(f_.where(node, node.when().empty() ? "name" : "when"), shown, e.what());
-      }
-      auto def = std::make_shared<pb::Node>(node);
-      for (int k = 0; k < node.set_size(); ++k) {
-        try {
-          apply_set(*def, node.set(k), scope);
-        } catch (const Error& e) {
-          fail(f_.where(node.set(k)), shown, e.what());
-        }
-      }
-      if (def->has_repeat()) {
-        prev = expand_repeat(node, *def, scope, prefixes, scope_in, prev, shown);
-        continue;
-      }
-      if (node.name().empty()) fail(loc, "", "a node needs a name");
-      if (shown == "input")
-        fail(f_.where(node, "name"), shown, "'input' names the model input; choose another name");
-      if (!names_.insert(shown).second)
-        fail(f_.where(node, "name"), shown, "a node of this name exists already");
-      if (op_name(*def).empty())
-        fail(loc, shown,
-             "the node has no op (linear, conv, batch_norm, activation, max_pool, "
-             "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
-      Raw raw{shown, def, &node, {}};
-      if (node.input_size() == 0) raw.refs.push_back(prev);
-      for (int k = 0; k < node.input_size(); ++k) {
-        std::string t;
-        try {
-          t = expand_template(node.input(k), scope);
-        } catch (const Error& e) {
-          fail(f_.where(node, "input", k), shown, e.what());
-        }
-        raw.refs.push_back(t == "input" ? scope_in : Ref{false, t, prefixes, ""});
-      }
-      def->clear_input();
-      raws_.push_back(std::move(raw));
-      prev = Ref{false, "", {}, shown};
-    }
-    return prev;
-  }
-
-  std::vector<Raw>& raws() { return raws_; }
-  const std::map<std::string, Ref>& aliases() const { return aliases_; }
-
-  [[noreturn]] static void fail(const std::string& loc, const std::string& node,
-                                const std::string& why) {
-    throw_input(node.empty() ? cat(loc, ": ", why) : cat(loc, ": node '", node, "': ", why));
-  }
-
- private:
-  static bool truth(const ExprValue& v) {
-    RT_REQUIRE(v.is_number(), "when: needs a number, got '", v.str(), "'");
-    return v.number() != 0;
-  }
-
-  Ref expand_repeat(const pb::Node& node, const pb::Node& def, const ExprScope& scope,
-                    const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev,
-                    const std::string& shown) {
-    const pb::Repeat& r = def.repeat();
-    std::vector<int64_t> items;
-    int64_t count = r.count();
-    if (!r.over().empty()) {
-      auto it = scope.find(r.over());
-      if (it == scope.end() || it->second.kind != ExprValue::Kind::list)
-        fail(f_.where(node.repeat(), "over"), shown,
-             cat("repeat: over '", r.over(), "' is not an int_list var of this model"));
-      items = it->second.list;
-      count = int64_t(items.size());
-    }
-    if (count < 0 || count > 100000)
-      fail(f_.where(node), shown,
-           cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
-    if (node.input_size() > 1) fail(f_.where(node, "input", 1), shown, "a repeat takes one input");
-    Ref in = prev;
-    if (node.input_size() == 1) {
-      const std::string t = expand_template(node.input(0), scope);
-      in = t == "input" ? scope_in : Ref{false, t, prefixes, ""};
-    }
-    const std::string index = r.index().empty() ? "i" : r.index();
-    for (int64_t k = 0; k < count; ++k) {
-      ExprScope s = scope;
-      s[index] = ExprValue::of(r.start() + k);
-      if (!items.empty()) s["item"] = ExprValue::of(items[size_t(k)]);
-      std::string p;
-      try {
-        p = prefixes.back() + expand_template(r.prefix(), s);
-      } catch (const Error& e) {
-        fail(f_.where(node.repeat(), "prefix"), shown, e.what());
-      }
-      std::vector<std::string> inner = prefixes;
-      inner.push_back(p);
-      Ref out = expand(node.repeat().node(), s, inner, in, in);
-      if (!r.output().empty()) out = Ref{false, "", {}, p + expand_template(r.output(), s)};
-      in = out;
-    }
-    if (!node.name().empty()) aliases_[shown] = in;
-    return in;
-  }
-
-  const ModelFile& f_;
-  std::vector<Raw> raws_;
-  std::set<std::string> names_;
-  std::map<std::string, Ref> aliases_;
-};
 
 std::optional<DType> parse_precision(const std::string& v) {
   if (v == "fp32") return DType::f32;
@@ -283,28 +42,26 @@ ModelPlan plan_model(const ModelFile& file) {
   RT_REQUIRE(m.node_size() > 0, file.origin(), ": model '", file.name(), "' has no nodes");
 
   // 1. Expansion.
-  Expander ex(file);
-  const Ref input{true, "input", {}, ""};
-  ex.expand(m.node(), file.scope(), {""}, input, input);
-  std::vector<Raw>& raws = ex.raws();
+  graph::Expansion ex = graph::expand_nodes(file);
+  std::vector<graph::Raw>& raws = ex.raws;
   RT_REQUIRE(!raws.empty(), file.origin(), ": model '", file.name(), "' expands to no nodes");
 
   // 2. Inputs by name.
   std::map<std::string, int> index;
   for (size_t i = 0; i < raws.size(); ++i) index[raws[i].name] = int(i);
-  std::function<int(const Ref&, int)> resolve = [&](const Ref& r, int depth) -> int {
+  std::function<int(const graph::Ref&, int)> resolve = [&](const graph::Ref& r, int depth) -> int {
     if (r.model_input) return -1;
     if (depth > 64) return -2;
     if (!r.exact.empty()) {
       if (auto it = index.find(r.exact); it != index.end()) return it->second;
-      if (auto it = ex.aliases().find(r.exact); it != ex.aliases().end())
+      if (auto it = ex.aliases.find(r.exact); it != ex.aliases.end())
         return resolve(it->second, depth + 1);
       return -2;
     }
     for (size_t k = r.prefixes.size(); k-- > 0;) {
       const std::string full = r.prefixes[k] + r.text;
       if (auto it = index.find(full); it != index.end()) return it->second;
-      if (auto it = ex.aliases().find(full); it != ex.aliases().end())
+      if (auto it = ex.aliases.find(full); it != ex.aliases.end())
         return resolve(it->second, depth + 1);
     }
     return -2;
@@ -315,13 +72,13 @@ ModelPlan plan_model(const ModelFile& file) {
       const int in = resolve(raws[i].refs[k], 0);
       const bool implicit = raws[i].source->input_size() == 0;
       if (in == -2)
-        Expander::fail(
+        graph::fail_at(
             file.where(*raws[i].source, "input", int(k)), raws[i].name,
             cat("input '",
                 raws[i].refs[k].text.empty() ? raws[i].refs[k].exact : raws[i].refs[k].text,
                 "' is not a node of this model"));
       if (in == int(i))
-        Expander::fail(file.where(*raws[i].source, implicit ? "" : "input", int(k)), raws[i].name,
+        graph::fail_at(file.where(*raws[i].source, implicit ? "" : "input", int(k)), raws[i].name,
                        "a node cannot read its own output");
       inputs[i].push_back(in);
     }
@@ -330,9 +87,9 @@ ModelPlan plan_model(const ModelFile& file) {
   int output = int(raws.size()) - 1;
   if (!m.output().empty()) {
     auto it = index.find(m.output());
-    RT_REQUIRE(it != index.end() || ex.aliases().count(m.output()), file.where(m, "output"),
+    RT_REQUIRE(it != index.end() || ex.aliases.count(m.output()), file.where(m, "output"),
                ": output '", m.output(), "' is not a node of this model");
-    output = it != index.end() ? it->second : resolve(ex.aliases().at(m.output()), 0);
+    output = it != index.end() ? it->second : resolve(ex.aliases.at(m.output()), 0);
   }
   std::vector<char> reaches(raws.size(), 0);
   reaches[size_t(output)] = 1;
@@ -368,7 +125,7 @@ ModelPlan plan_model(const ModelFile& file) {
         if (!seen.insert(size_t(in)).second) break;
         at = size_t(in);
       }
-      Expander::fail(file.where(*raws[first].source, "input"), raws[first].name,
+      graph::fail_at(file.where(*raws[first].source, "input"), raws[first].name,
                      cat("its inputs form a cycle: ", path));
     }
     placed[size_t(next)] = 1;
@@ -376,7 +133,7 @@ ModelPlan plan_model(const ModelFile& file) {
   }
   for (size_t i = 0; i < raws.size(); ++i)
     if (!reaches[i])
-      Expander::fail(file.where(*raws[i].source), raws[i].name,
+      graph::fail_at(file.where(*raws[i].source), raws[i].name,
                      cat("its output is not used on the way to the model's output '",
                          raws[size_t(output)].name, "'"));
 
@@ -384,10 +141,10 @@ ModelPlan plan_model(const ModelFile& file) {
   std::vector<int> position(raws.size());
   for (size_t k = 0; k < order.size(); ++k) position[size_t(order[k])] = int(k);
   for (int i : order) {
-    Raw& raw = raws[size_t(i)];
+    graph::Raw& raw = raws[size_t(i)];
     PlannedNode pn;
     pn.name = raw.name;
-    pn.op = op_name(*raw.def);
+    pn.op = graph::op_name(*raw.def);
     pn.def = raw.def;
     pn.source = raw.source;
     for (int in : inputs[size_t(i)]) {
@@ -400,13 +157,13 @@ ModelPlan plan_model(const ModelFile& file) {
       const auto known = registered_ops();
       std::string names;
       for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
-      Expander::fail(
+      graph::fail_at(
           loc, pn.name,
           cat("unknown op '", pn.op, "' (ops: ", names, "; a plugin's op needs --plugin LIB.so)"));
     }
     const int n_in = int(pn.inputs.size());
     if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs))
-      Expander::fail(loc, pn.name,
+      graph::fail_at(loc, pn.name,
                      cat(pn.op, " takes ", op->min_inputs,
                          op->max_inputs < 0                 ? " or more"
                          : op->max_inputs == op->min_inputs ? ""
@@ -419,12 +176,12 @@ ModelPlan plan_model(const ModelFile& file) {
     } catch (const Error& e) {
       std::string shapes;
       for (const auto& s : pn.input_shapes) shapes += (shapes.empty() ? "" : ", ") + shape_str(s);
-      Expander::fail(loc, pn.name, cat(pn.op, ": ", e.what(), " (input shape(s) ", shapes, ")"));
+      graph::fail_at(loc, pn.name, cat(pn.op, ": ", e.what(), " (input shape(s) ", shapes, ")"));
     }
     if (!raw.source->precision().empty()) {
       pn.dtype = parse_precision(raw.source->precision());
       if (!pn.dtype)
-        Expander::fail(file.where(*raw.source, "precision"), pn.name,
+        graph::fail_at(file.where(*raw.source, "precision"), pn.name,
                        cat("precision '", raw.source->precision(), "' is not fp32, fp16 or bf16"));
     }
     plan.nodes.push_back(std::move(pn));
@@ -435,14 +192,14 @@ ModelPlan plan_model(const ModelFile& file) {
   const bool per_token =
       plan.input.size() == 1 && last.out.size() == 2 && last.out[0] == plan.input[0];
   if (per_token && last.out[1] < plan.classes)
-    Expander::fail(file.where(*last.source), last.name,
+    graph::fail_at(file.where(*last.source), last.name,
                    cat("the model predicts ", last.out[1],
                        " tokens per position but the data's "
                        "vocabulary has ",
                        plan.classes, "; use a model with a vocabulary (padded_vocab) of at least ",
                        plan.classes));
   if (!per_token && last.out != Shape{plan.classes})
-    Expander::fail(file.where(*last.source), last.name,
+    graph::fail_at(file.where(*last.source), last.name,
                    cat("the model's output has shape ", shape_str(last.out),
                        " per sample, but the data has ", plan.classes, " classes (expected [",
                        plan.classes, "]; `set { field: \"out_features\" expr: \"classes\" }`)"));
@@ -529,11 +286,11 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
     for (int k = 0; k < src.init_size(); ++k) {
       const pb::Init& in = src.init(k);
       if (!in.param().empty() && !own.count(in.param()))
-        Expander::fail(file.where(in, "param"), pn.name,
+        graph::fail_at(file.where(in, "param"), pn.name,
                        cat("init: the node has no parameter '", in.param(),
                            "' (its parameters: ", param_names(), ")"));
       if (in.kind() == pb::NORMAL && !(in.std() > 0))
-        Expander::fail(file.where(in, "std"), pn.name,
+        graph::fail_at(file.where(in, "std"), pn.name,
                        cat("init: NORMAL needs a positive std, got ", in.std()));
       if (in.kind() != pb::DEFAULT) g.init.push_back({in.param(), init_kind(in.kind()), in.std()});
     }
@@ -541,16 +298,16 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
     for (int k = 0; k < src.share_size(); ++k) {
       const pb::Share& sh = src.share(k);
       if (!own.count(sh.param()))
-        Expander::fail(file.where(sh, "param"), pn.name,
+        graph::fail_at(file.where(sh, "param"), pn.name,
                        cat("share: the node has no parameter '", sh.param(),
                            "' (its parameters: ", param_names(), ")"));
       auto from = earlier.find(sh.from());
       if (from == earlier.end())
-        Expander::fail(
+        graph::fail_at(
             file.where(sh, "from"), pn.name,
             cat("share: '", sh.from(), "' is not a parameter of an earlier node (NODE.PARAM)"));
       if (from->second != own_shape[sh.param()])
-        Expander::fail(
+        graph::fail_at(
             file.where(sh), pn.name,
             cat("share: parameter '", sh.param(), "' has shape ", shape_str(own_shape[sh.param()]),
                 " but '", sh.from(), "' has ", shape_str(from->second)));

@@ -31,6 +31,16 @@ struct GraphNode {
   std::map<std::string, std::string> shared;  // param -> the earlier "node.param" it is
 };
 
+// What the graph executor reports per node, passed by the loop that runs it (the trainer's
+// step: diagnostics, tracing, test faults, and the gradient-ready calls through which gradient
+// communication starts while backward goes on). Each member may be empty.
+struct LayerHooks {
+  std::function<void(size_t node, const Tensor& y)> after_forward;  // the node's output
+  // The node's (first) input gradient, empty where none is computed; before grad_ready.
+  std::function<void(size_t node, const Tensor& dx)> after_backward;
+  std::function<void(size_t param)> grad_ready;  // index into Model::params(), complete
+};
+
 class Model {
  public:
   // `text`: the normalised model file the nodes were built from (what checkpoints store).
@@ -79,23 +89,15 @@ class Model {
 
   // The graph executor (nn/executor.cpp). forward runs the nodes in order and returns the
   // last node's output, the logits in fp32 (the precision policy keeps the last node's
-  // output in fp32). after_layer(l, y), if given, sees each node's output (diagnostics,
-  // tracing). On a GPU, each node's allocations carry its name (AllocScope) for
-  // out-of-memory messages.
-  const Tensor& forward(Context& ctx, const Tensor& x,
-                        const std::function<void(size_t, const Tensor&)>& after_layer = {});
-  // Called after each node's backward with the node index and its (first) input gradient
-  // (empty where none is computed), before grad_ready for its parameters.
-  using BackwardHook = std::function<void(size_t, const Tensor&)>;
-  void set_backward_hook(BackwardHook hook) { backward_hook_ = std::move(hook); }
+  // output in fp32). On a GPU, each node's allocations carry its name (AllocScope) for
+  // out-of-memory messages. The hooks, if given, see each node's output.
+  const Tensor& forward(Context& ctx, const Tensor& x, const LayerHooks& hooks = {});
   // The nodes' parameter index ranges (first, count) into params(), per node.
   const std::vector<std::pair<size_t, size_t>>& layer_params() const { return layer_params_; }
   // Runs the nodes backward in reverse order, summing the gradients of outputs read by
   // several nodes, and writes every parameter gradient (compute dtype) into grad(). After
-  // each node, grad_ready(i) is called for each of its parameters (index into params()):
-  // the hook through which gradient communication starts while backward goes on.
-  void backward(Context& ctx, const Tensor& dlogits,
-                const std::function<void(size_t)>& grad_ready = {});
+  // each node, hooks.after_backward, then hooks.grad_ready for each of its parameters.
+  void backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks = {});
 
  private:
   Tensor flat(const Buffer& b, DType t) const {
@@ -123,7 +125,6 @@ class Model {
   std::vector<std::unique_ptr<Shared>> shared_;
   std::vector<StateBuffer> buffers_;
   int64_t num_buffer_elems_ = 0;
-  BackwardHook backward_hook_;
   Buffer master_, work_, grad_, state_;
   // Executor state: each node's output, and its gradient as it is summed.
   std::vector<const Tensor*> outs_;

@@ -18,6 +18,7 @@ packages=(
   libdnnl-dev
   libgtest-dev
   libprotobuf-dev protobuf-compiler
+  libonnx-dev
   zlib1g-dev
   libpng-dev libjpeg62-turbo-dev libzip-dev
   dataset-fashion-mnist

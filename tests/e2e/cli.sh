@@ -11,7 +11,7 @@ dir=$(workdir cli)
 unset OMP_NUM_THREADS
 
 v=$("$BIN" --version)
-for lib in ringtrain MPI HDF5 BLAS CUDA cuDNN NCCL; do
+for lib in ringtrain MPI HDF5 BLAS ONNX CUDA cuDNN NCCL; do
   grep -q "$lib" <<<"$v" || fail "--version does not mention $lib"
 done
 grep -q "Open MPI" <<<"$v" || fail "--version: MPI library"

@@ -296,14 +296,15 @@ TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
   auto r = uniform_floats(yf.size(), -1.f, 1.f, 13);
   Tensor dy(r.data(), {2, 3, 3, 3}, DType::f32);
   std::vector<float> dxf, dxp;
-  fused->set_backward_hook([&](size_t l, const Tensor& g) {
+  LayerHooks fused_hooks, plain_hooks;
+  fused_hooks.after_backward = [&](size_t l, const Tensor& g) {
     if (l == 0) dxf = copy_of(g);
-  });
-  plain->set_backward_hook([&](size_t l, const Tensor& g) {
+  };
+  plain_hooks.after_backward = [&](size_t l, const Tensor& g) {
     if (l == 0) dxp = copy_of(g);
-  });
-  fused->backward(ctx, dy);
-  plain->backward(ctx, dy);
+  };
+  fused->backward(ctx, dy, fused_hooks);
+  plain->backward(ctx, dy, plain_hooks);
   ASSERT_EQ(dxf.size(), xv.size());
   EXPECT_EQ(dxf, dxp);
   EXPECT_EQ(copy_of(fused->grad()), copy_of(plain->grad()));
@@ -345,8 +346,9 @@ TEST(LayerPrecision, OverrideKeepsALayerInFp32) {
   std::vector<uint16_t> x16;
   for (float v : xv) x16.push_back(float_to_bf16(v));
   std::vector<DType> out;
-  model->forward(ctx, Tensor(x16.data(), {2, 1, 12, 12}, DType::bf16),
-                 [&](size_t, const Tensor& y) { out.push_back(y.dtype); });
+  LayerHooks hooks;
+  hooks.after_forward = [&](size_t, const Tensor& y) { out.push_back(y.dtype); };
+  model->forward(ctx, Tensor(x16.data(), {2, 1, 12, 12}, DType::bf16), hooks);
   ASSERT_EQ(out.size(), model->layers().size());
   EXPECT_EQ(out[0], DType::bf16);  // conv1
   EXPECT_EQ(out[1], DType::f32);   // conv2, kept in fp32

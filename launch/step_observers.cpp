@@ -1,0 +1,243 @@
+// The observers of the training step (see step_observers.hpp).
+#include "launch/step_observers.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "core/fault_injection.hpp"
+#include "launch/device.hpp"
+
+namespace ringtrain::launch {
+
+void StepObservers::begin_run() {
+  for (auto& o : list_) o->begin_run();
+}
+
+void StepObservers::begin_step(int64_t step) {
+  for (auto& o : list_) o->begin_step(step);
+}
+
+void StepObservers::before(Phase phase, int64_t step) {
+  for (auto& o : list_) o->before(phase, step);
+}
+
+void StepObservers::after(Phase phase, int64_t step, Clock::time_point begin,
+                          Clock::time_point end) {
+  for (auto& o : list_) o->after(phase, step, begin, end);
+}
+
+bool StepObservers::veto_update(comm::Communicator& comm, int64_t step) {
+  bool veto = false;
+  for (auto& o : list_) veto = o->veto_update(comm, step) || veto;  // each one: collectives
+  return veto;
+}
+
+void StepObservers::skipped(int64_t step) {
+  for (auto& o : list_) o->skipped(step);
+}
+
+void StepObservers::end_step(const StepRecord& record) {
+  for (auto& o : list_) o->end_step(record);
+}
+
+LayerHooks StepObservers::layer_hooks() {
+  LayerHooks h;
+  h.after_forward = [this](size_t node, const Tensor& y) {
+    for (auto& o : list_) o->after_forward_node(node, y);
+  };
+  h.after_backward = [this](size_t node, const Tensor& dx) {
+    for (auto& o : list_) o->after_backward_node(node, dx);
+  };
+  return h;
+}
+
+// --- TimelineObserver
+
+void TimelineObserver::begin_step(int64_t step) {
+  step_ = step;
+  tracing_ = timeline_.on(step);
+}
+
+void TimelineObserver::after(Phase phase, int64_t step, Clock::time_point begin,
+                             Clock::time_point end) {
+  if (phase == Phase::forward) last_mark_ = end;  // backward's first node starts here
+  if (!timeline_.on(step)) return;                // (a checkpoint's step is the one just finished)
+  switch (phase) {
+    case Phase::data:
+      return timeline_.span("data wait", "data", 0, begin, end, step);
+    case Phase::forward:
+      return timeline_.span("forward + loss", "forward", 0, begin, end, step);
+    case Phase::reduce:
+      timeline_.span("wait for gradients", "comm", 0, begin, end, step);
+      for (const auto& s : reducer_.spans())  // the communication thread's (tid 1)
+        timeline_.span(cat(sharded_ ? "reduce-scatter" : "allreduce", " bucket ", s.bucket), "comm",
+                       1, s.begin, s.end, step);
+      return;
+    case Phase::unscale:
+      return timeline_.span("unscale/check", "optimizer", 0, begin, end, step);
+    case Phase::optimizer:
+      return timeline_.span(sharded_ ? "optimizer (shard)" : "optimizer", "optimizer", 0, begin,
+                            end, step);
+    case Phase::gather:
+      return timeline_.span("wait for all-gather", "comm", 0, begin, end, step);
+    case Phase::checkpoint:
+      return timeline_.span("checkpoint", "checkpoint", 0, begin, end, step);
+  }
+}
+
+void TimelineObserver::after_backward_node(size_t node, const Tensor&) {
+  if (!tracing_) return;
+  const auto now = Clock::now();
+  timeline_.span("backward " + model_.layers()[node]->name(), "backward", 0, last_mark_, now,
+                 step_);
+  last_mark_ = now;
+}
+
+// --- FaultObserver
+
+void FaultObserver::begin_step(int64_t step) {
+  step_ = step;
+  if (!stall_gather_ && stall_rank_ == rank_ && stall_step_ == step)
+    std::this_thread::sleep_for(std::chrono::duration<double>(stall_seconds_));
+}
+
+void FaultObserver::before(Phase phase, int64_t step) {
+  if (phase == Phase::optimizer) maybe_inject_fault("optimizer", step);
+  if (phase != Phase::gather || !stall_gather_ || stall_rank_ != rank_ || stall_step_ != step)
+    return;
+  std::cerr << cat("ringtrain: test: rank ", rank_, " (pid ", getpid(),
+                   ") held before the all-gather of step ", step, " for ", stall_seconds_, " s\n")
+            << std::flush;
+  std::this_thread::sleep_for(std::chrono::duration<double>(stall_seconds_));
+}
+
+void FaultObserver::after(Phase phase, int64_t step, Clock::time_point, Clock::time_point) {
+  if (phase == Phase::forward) maybe_inject_fault("forward", step);
+}
+
+void FaultObserver::after_backward_node(size_t, const Tensor&) {
+  maybe_inject_fault("backward", step_);
+}
+
+// --- NumericsObserver
+
+bool NumericsObserver::veto_update(comm::Communicator& comm, int64_t step) {
+  const std::string where = check_.agree(comm);  // collective when enabled
+  if (where.empty()) return false;
+  console_.warn("numerics", where);
+  metrics_.write(JsonLine().add("type", "numerics").add("step", step).add("message", where));
+  return true;
+}
+
+void NumericsObserver::skipped(int64_t) {
+  if (!sharded_) check_.charge_overflow(reducer_.result());
+}
+
+// --- SkipReporter
+
+void SkipReporter::skipped(int64_t step) {
+  metrics_.write(JsonLine()
+                     .add("type", "skip")
+                     .add("step", step)
+                     .add("reason", "non-finite gradients")
+                     .add("loss_scale", double(scaler_.scale())));
+  const bool fell = !warned_scale_drop_ && scaler_.scale() <= initial_scale_ / 1024.f;
+  if (!scaler_.floor_hit() && !fell) return;
+  warned_scale_drop_ = warned_scale_drop_ || fell;
+  const std::string worst = numerics_.worst_layer();
+  const std::string msg =
+      cat(scaler_.floor_hit() ? "loss scale is at its floor " : "loss scale has fallen by 2^10 to ",
+          scaler_.scale(), " at step ", step, " and gradients still overflow",
+          worst.empty() ? "" : cat("; most often in layer ", worst),
+          "; the run is diverging (lower --lr, use bf16, or set --min-scale lower)");
+  console_.warn("warning", msg);
+  metrics_.write(JsonLine().add("type", "warning").add("step", step).add("message", msg));
+}
+
+// --- HistogramObserver
+
+void HistogramObserver::end_step(const StepRecord& r) {
+  if (r.step % every_ != 0) return;
+  // fp32 masters and this step's gradient (cuda: copied to the host first)
+  const float* masters = host_floats(model_.master(), values_[0]);
+  const float* grads = host_floats(grad32_, values_[1]);
+  for (const auto& par : model_.params()) {
+    writer_.histogram("weights/" + par.name, r.step, masters + par.offset, par.master.numel());
+    writer_.histogram("gradients/" + par.name, r.step, grads + par.offset, par.master.numel());
+  }
+}
+
+// --- WindowReporter
+
+std::string duration_str(double seconds) {
+  const int64_t s = int64_t(seconds + 0.5);
+  if (s >= 3600) return cat(s / 3600, "h", (s / 60) % 60 < 10 ? "0" : "", (s / 60) % 60, "m");
+  if (s >= 60) return cat(s / 60, "m", s % 60 < 10 ? "0" : "", s % 60, "s");
+  return cat(s, "s");
+}
+
+void WindowReporter::begin_run() { window_start_ = Clock::now(); }
+
+void WindowReporter::end_step(const StepRecord& r) {
+  ++window_steps_;
+  sums_.loss_sum += r.loss_sum;
+  sums_.correct += r.correct;
+  sums_.data_s += r.data_s;
+  sums_.compute_s += r.compute_s;
+  sums_.comm_s += r.comm_s;
+  sums_.exposed_comm_s += r.exposed_comm_s;
+  sums_.step_s += r.step_s;
+  if (r.step % log_every_ != 0 && r.step != r.total_steps) return;
+  const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
+  const double samples = double(window_steps_ * global_batch_);
+  const double loss = sums_.loss_sum / samples, acc = sums_.correct / samples;
+  const double sps = samples / std::max(secs, 1e-9);
+  const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
+  char line[240];
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s "
+                "ETA %s",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
+                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, sps,
+                duration_str(eta).c_str());
+  console_.progress(line, double(r.step) / double(std::max<int64_t>(r.total_steps, 1)));
+  maybe_inject_fault("metrics", r.step);
+  const double n = double(window_steps_);
+  if (tensorboard_) {
+    for (auto [tag, v] : {std::pair<const char*, double>{"train/loss", loss},
+                          {"train/accuracy", acc},
+                          {"train/learning_rate", r.lr},
+                          {"train/loss_scale", r.loss_scale},
+                          {"train/samples_per_sec", sps},
+                          {"time/step_s", sums_.step_s / n},
+                          {"time/compute_s", sums_.compute_s / n},
+                          {"time/exposed_comm_s", sums_.exposed_comm_s / n},
+                          {"time/data_wait_s", sums_.data_s / n}})
+      tensorboard_->scalar(tag, r.step, v);
+    tensorboard_->flush();
+  }
+  metrics_.write(JsonLine()
+                     .add("type", "step")
+                     .add("step", r.step)
+                     .add("epoch", r.epoch)
+                     .add("loss", loss)
+                     .add("accuracy", acc)
+                     .add("loss_scale", r.loss_scale)
+                     .add("lr", r.lr)
+                     .add("samples_per_sec", sps)
+                     .add("world_size", world_size_)
+                     .add("step_s", sums_.step_s / n)
+                     .add("data_wait_s", sums_.data_s / n)
+                     .add("compute_s", sums_.compute_s / n)
+                     .add("comm_s", sums_.comm_s / n)
+                     .add("exposed_comm_s", sums_.exposed_comm_s / n));
+  sums_ = StepRecord{};
+  window_start_ = Clock::now();
+  window_steps_ = 0;
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,227 @@
+// Observers of the training step: everything that watches a step without being part of it.
+// Trainer::step_once calls them at phase boundaries through StepObservers (in the order they
+// were added), so the step itself reads one line per phase. The observers of a run:
+//   TimelineObserver   --timeline: a span per phase, per node in backward, per bucket
+//   FaultObserver      test-only: RINGTRAIN_TEST_FAIL's step points, --test-stall holds
+//   NumericsObserver   --check-numerics (may veto the update), overflow charging per layer
+//   SkipReporter       the skip record of a skipped step and the loss-scale warnings
+//   HistogramObserver  --tensorboard's weight and gradient histograms (--histogram-every)
+//   WindowReporter     per --log-every window: the progress line, the step record, scalars
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/grad_reducer.hpp"
+#include "launch/console.hpp"
+#include "launch/metrics.hpp"
+#include "launch/numerics.hpp"
+#include "launch/tensorboard.hpp"
+#include "launch/timeline.hpp"
+#include "nn/loss_scaler.hpp"
+#include "nn/model.hpp"
+
+namespace ringtrain::launch {
+
+using Clock = std::chrono::steady_clock;
+
+// The phases of a step, in order (a skipped step has no optimizer or gather phase), and the
+// checkpoint written after a step.
+enum class Phase {
+  data,       // waiting for this rank's batch (and its upload)
+  forward,    // one micro-batch's forward and loss
+  reduce,     // waiting for the gradient buckets still in flight after backward
+  unscale,    // unscale + non-finite check into the fp32 gradient
+  optimizer,  // clip, then the optimizer (--zero 1: on this rank's shard)
+  gather,     // --zero 1: the all-gather of the updated masters
+  checkpoint,
+};
+
+// A step as the reporters see it once it is done.
+struct StepRecord {
+  int64_t step = 0, total_steps = 0, epoch = 0;
+  double loss_scale = 1, lr = 0;
+  // What the ranks agreed on: summed loss and correct predictions over the global batch.
+  double loss_sum = 0, correct = 0;
+  // This rank's seconds: waiting for data, forward + backward, the bucket allreduces (mostly
+  // hidden behind backward), the part of them backward did not hide, the whole step.
+  double data_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
+};
+
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void begin_run() {}  // the loop starts (after the run's first lines)
+  virtual void begin_step(int64_t /*step*/) {}
+  virtual void before(Phase /*phase*/, int64_t /*step*/) {}
+  virtual void after(Phase /*phase*/, int64_t /*step*/, Clock::time_point /*begin*/,
+                     Clock::time_point /*end*/) {}
+  virtual void after_forward_node(size_t /*node*/, const Tensor& /*y*/) {}
+  virtual void after_backward_node(size_t /*node*/, const Tensor& /*dx*/) {}
+  // Collective: called on every rank, on every step, after the ranks agreed on the step's
+  // gradients. True when the update must be skipped although the gradients are finite.
+  virtual bool veto_update(comm::Communicator& /*comm*/, int64_t /*step*/) { return false; }
+  virtual void skipped(int64_t /*step*/) {}  // the update was skipped (after the scaler's update)
+  virtual void end_step(const StepRecord& /*record*/) {}
+};
+
+// The observers of a run, called in order; the layer hooks the step passes to the model.
+class StepObservers {
+ public:
+  void add(std::unique_ptr<StepObserver> o) { list_.push_back(std::move(o)); }
+  void begin_run();
+  void begin_step(int64_t step);
+  void before(Phase phase, int64_t step);
+  void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end);
+  bool veto_update(comm::Communicator& comm, int64_t step);  // every observer asked
+  void skipped(int64_t step);
+  void end_step(const StepRecord& record);
+  // after_forward/after_backward of the model's nodes, to every observer.
+  LayerHooks layer_hooks();
+
+ private:
+  std::vector<std::unique_ptr<StepObserver>> list_;
+};
+
+class TimelineObserver : public StepObserver {
+ public:
+  // `sharded`: --zero 1 (reduce-scatter buckets, the optimizer on a shard, an all-gather).
+  TimelineObserver(Timeline& timeline, const Model& model, const comm::GradReducer& reducer,
+                   bool sharded)
+      : timeline_(timeline), model_(model), reducer_(reducer), sharded_(sharded) {}
+  void begin_step(int64_t step) override;
+  void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end) override;
+  void after_backward_node(size_t node, const Tensor& dx) override;
+
+ private:
+  Timeline& timeline_;
+  const Model& model_;
+  const comm::GradReducer& reducer_;
+  bool sharded_;
+  int64_t step_ = 0;
+  bool tracing_ = false;         // this step is inside --timeline-steps
+  Clock::time_point last_mark_;  // where the next backward node's span starts
+};
+
+// Test-only: RINGTRAIN_TEST_FAIL's points forward, backward and optimizer (core/
+// fault_injection.hpp), and --test-stall RANK:STEP:SECONDS[:gather], which holds one rank
+// back before a step (or before its all-gather) so that the others' stall detection fires.
+class FaultObserver : public StepObserver {
+ public:
+  FaultObserver(int rank, int stall_rank, int64_t stall_step, double stall_seconds,
+                bool stall_gather)
+      : rank_(rank),
+        stall_rank_(stall_rank),
+        stall_step_(stall_step),
+        stall_seconds_(stall_seconds),
+        stall_gather_(stall_gather) {}
+  void begin_step(int64_t step) override;
+  void before(Phase phase, int64_t step) override;
+  void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end) override;
+  void after_backward_node(size_t node, const Tensor& dx) override;
+
+ private:
+  int rank_, stall_rank_;
+  int64_t stall_step_;
+  double stall_seconds_;
+  bool stall_gather_;
+  int64_t step_ = 0;
+};
+
+// --check-numerics through NumericsCheck: each node's output and gradients looked at, the
+// ranks' findings agreed on (one allreduce, when enabled), the step vetoed with one warning
+// and a numerics record. Skipped steps are charged to the layers that overflowed (not under
+// --zero 1, where no rank holds the whole summed gradient).
+class NumericsObserver : public StepObserver {
+ public:
+  NumericsObserver(NumericsCheck& check, const comm::GradReducer& reducer, bool sharded,
+                   Console& console, MetricsWriter& metrics)
+      : check_(check), reducer_(reducer), sharded_(sharded), console_(console), metrics_(metrics) {}
+  void begin_step(int64_t step) override { check_.begin_step(step); }
+  void after_forward_node(size_t node, const Tensor& y) override { check_.after_forward(node, y); }
+  void after_backward_node(size_t node, const Tensor& dx) override {
+    check_.after_backward(node, dx);
+  }
+  bool veto_update(comm::Communicator& comm, int64_t step) override;
+  void skipped(int64_t step) override;
+
+ private:
+  NumericsCheck& check_;
+  const comm::GradReducer& reducer_;
+  bool sharded_;
+  Console& console_;
+  MetricsWriter& metrics_;
+};
+
+// A skipped step's record, and the warning that the run is diverging: the loss scale at its
+// floor, or fallen by 2^10 from `initial_scale` (once), naming the layer that overflows most.
+class SkipReporter : public StepObserver {
+ public:
+  SkipReporter(const LossScaler& scaler, float initial_scale, const NumericsCheck& numerics,
+               Console& console, MetricsWriter& metrics)
+      : scaler_(scaler),
+        initial_scale_(initial_scale),
+        numerics_(numerics),
+        console_(console),
+        metrics_(metrics) {}
+  void skipped(int64_t step) override;
+
+ private:
+  const LossScaler& scaler_;
+  float initial_scale_;
+  const NumericsCheck& numerics_;
+  Console& console_;
+  MetricsWriter& metrics_;
+  bool warned_scale_drop_ = false;
+};
+
+// Every `every` steps: each parameter's fp32 masters and this step's fp32 gradient
+// (`grad32`, the whole gradient: not under --zero 1) as TensorBoard histograms.
+class HistogramObserver : public StepObserver {
+ public:
+  HistogramObserver(Model& model, const Tensor& grad32, int64_t every, EventWriter& writer)
+      : model_(model), grad32_(grad32), every_(every), writer_(writer) {}
+  void end_step(const StepRecord& record) override;
+
+ private:
+  Model& model_;
+  const Tensor& grad32_;
+  int64_t every_;
+  EventWriter& writer_;
+  std::vector<float> values_[2];  // cuda: the values staged on the host
+};
+
+// The steps of each --log-every window (and the last step) summed into one progress line,
+// one step record of the metrics file and TensorBoard scalars (when `tensorboard`).
+class WindowReporter : public StepObserver {
+ public:
+  WindowReporter(int64_t log_every, int64_t global_batch, int world_size, Console& console,
+                 MetricsWriter& metrics, EventWriter* tensorboard)
+      : log_every_(log_every),
+        global_batch_(global_batch),
+        world_size_(world_size),
+        console_(console),
+        metrics_(metrics),
+        tensorboard_(tensorboard) {}
+  void begin_run() override;
+  void end_step(const StepRecord& record) override;
+
+ private:
+  int64_t log_every_, global_batch_;
+  int world_size_;
+  Console& console_;
+  MetricsWriter& metrics_;
+  EventWriter* tensorboard_;
+  Clock::time_point window_start_;
+  int64_t window_steps_ = 0;
+  StepRecord sums_;  // the window's summed losses, correct predictions and seconds
+};
+
+// "42s", "3m07s", "2h05m": an ETA for progress lines.
+std::string duration_str(double seconds);
+
+}  // namespace ringtrain::launch

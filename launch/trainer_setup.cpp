@@ -1,0 +1,254 @@
+// The Trainer's set-up (see trainer.hpp): device, backend, data, model, optimizer, loss
+// scaler and gradient reducer, agreed across ranks; the start from a checkpoint or from rank
+// 0's initial parameters; the step observers; and the views the checkpoint store reads.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "kernels/cuda/cuda_api.hpp"
+#include "launch/evaluate.hpp"
+#include "launch/job.hpp"
+#include "launch/model_source.hpp"
+#include "launch/trainer.hpp"
+
+namespace ringtrain::launch {
+
+Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
+  agree(comm_, [&] { setup(); });
+  agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
+  if (!cfg_.timeline.empty()) {
+    const auto [a, b] = parse_step_window(cfg_.timeline_steps);
+    timeline_ = Timeline(comm_.mpi(), cfg_.timeline, a, b);
+  }
+  std::string path;
+  agree(comm_, [&] {
+    if (comm_.rank() == 0) path = choose_checkpoint();
+  });
+  int64_t len = int64_t(path.size());  // rank 0 tells the others which file (if any)
+  comm_.broadcast(&len, 1, DType::i64, 0);
+  path.resize(size_t(len));
+  comm_.broadcast(path.data(), len, DType::u8, 0);
+  agree(comm_, [&] { start_from(path); });
+  if (path.empty()) {  // a fresh start: rank 0's initial parameters are every rank's
+    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
+    sync_buffers();
+    model_->refresh_working_copy(*backend_);
+  }
+  add_observers();
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<io::NamedTensor> master_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& p : model.params()) views.push_back({p.name, p.master});
+  return views;
+}
+
+std::vector<io::NamedTensor> buffer_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& b : model.buffers()) views.push_back({b.name, b.value});
+  return views;
+}
+
+void Trainer::sync_buffers() {
+  // Like PyTorch DDP's broadcast_buffers: the running averages of rank 0 are the model's.
+  // Each rank updates its own from its own batches; before they are used (evaluation) or
+  // saved, rank 0's replace the others', so checkpoints and evaluation do not depend on the
+  // rank count and a resumed run continues exactly.
+  if (model_->num_buffer_elems() > 0)
+    comm_.broadcast(model_->state().data, model_->num_buffer_elems(), DType::f32, 0);
+}
+
+std::vector<io::OptimizerState> Trainer::optimizer_views() const {
+  std::vector<io::OptimizerState> states;
+  for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
+    io::OptimizerState st{optimizer_->state_names()[s], {}};
+    for (auto& p : model_->params()) {
+      if (shards_.empty()) {
+        st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
+        continue;
+      }
+      // --zero 1: this rank's part of the parameter (possibly none), at its shard offset.
+      const int64_t lo = std::max(p.offset, shards_.begin(comm_.rank()));
+      const int64_t hi =
+          std::max(lo, std::min(p.offset + p.master.numel(), shards_.end(comm_.rank())));
+      st.per_param.push_back(
+          {p.name, optimizer_->state(s).slice(lo - shards_.begin(comm_.rank()), {hi - lo}), p.shape,
+           lo - p.offset});
+    }
+    states.push_back(std::move(st));
+  }
+  return states;
+}
+
+void Trainer::setup() {
+  device_ = choose_device(cfg_.device, comm_);
+  backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
+  // The models here take images: token data is named as such, not as a damaged dataset.
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
+                        cat("model '", cfg_.model, "'"));
+  data_ = std::make_unique<io::Dataset>(cfg_.data);
+  const auto& info = data_->info();
+  if (!cfg_.val_data.empty()) {
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
+                          cat("model '", cfg_.model, "'"));
+    val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+    RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
+               "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
+               shape_str(info.sample_shape));
+  }
+  norm_ = io::normalization_of(info);
+  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
+             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
+             " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  if (cfg_.cache) data_->enable_cache();
+
+  load_plugins(cfg_.plugins);
+  model_file_ = std::make_unique<ModelFile>(
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, info.sample_shape,
+                         info.num_classes, cat("--data '", cfg_.data, "'")));
+  // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
+  DeviceScope on_device(device_);
+  model_ = build_model(*model_file_, cfg_.precision);
+  if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
+  optimizer_ = make_optimizer(cfg_.optimizer,
+                              cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
+  set_decay_groups();
+  LossScalerConfig ls = cfg_.loss_scale;
+  if (cfg_.precision == DType::f32 && ls.dynamic) {
+    // No scaling in fp32: a constant scale of 1 (non-finite steps are still skipped).
+    ls.dynamic = false;
+    ls.init_scale = ls.min_scale = 1.f;
+  }
+  scaler_ = std::make_unique<LossScaler>(ls);
+  if (!cfg_.checkpoint_dir.empty())
+    store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
+  RT_REQUIRE(!val_ || val_->info().num_classes <= info.num_classes, "--val-data '", cfg_.val_data,
+             "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
+             info.num_classes);
+  if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
+  // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
+  // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
+  console_ = Console(comm_.rank(),
+                     cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
+                                                !std::getenv("OMPI_COMM_WORLD_SIZE")));
+  if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
+    check_timeline_path(cfg_.timeline);  // fail now, not after training
+  }
+  if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
+    tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
+
+  // fp16/bf16: the fp32 gradient the optimizer reads (--zero 1: this rank's shard of it).
+  const int64_t g32 = cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params();
+  grad32_storage_ = cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(g32) * 4);
+  grad32_ = cfg_.precision == DType::f32
+                ? model_->grad()
+                : Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device());
+  RT_REQUIRE(!cfg_.zero || device_.kind == Device::cpu,
+             "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
+             "buffers is not sharded yet); use --zero 0 with --device cuda");
+  if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+}
+
+void Trainer::set_decay_groups() {
+  // --zero 1: each parameter's part of this rank's shard, in the shard's index space.
+  const int64_t lo = shards_.empty() ? 0 : shards_.begin(comm_.rank());
+  const int64_t hi = shards_.empty() ? model_->num_params() : shards_.end(comm_.rank());
+  std::vector<DecayRange> ranges;
+  for (const auto& p : model_->params()) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.master.numel());
+    if (a < b) ranges.push_back({a - lo, b - a, cfg_.decay_all || p.decay});
+  }
+  optimizer_->set_decay_ranges(std::move(ranges));
+}
+
+Tensor Trainer::shard_grad() const {
+  if (cfg_.precision != DType::f32) return grad32_;  // allocated as the shard
+  return grad32_.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
+}
+
+std::string Trainer::memory_report() const {
+  const int64_t p = model_->num_params(), es = int64_t(dtype_size(cfg_.precision));
+  const int64_t masters = p * 4;  // full: every layer reads them (fp32 layers, biases)
+  const int64_t work = cfg_.precision == DType::f32 ? 0 : p * es;
+  const int64_t opt = optimizer_->state_bytes();
+  const DType wire = reducer_->result().dtype;
+  const int64_t grads = p * es + (cfg_.precision == DType::f32 ? 0 : grad32_.numel() * 4) +
+                        (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
+  return cat("memory/rank: masters ", masters, " B, optimizer state ", opt, " B",
+             cfg_.zero ? cat(" (shard of ", shards_.count(comm_.rank()), " of ", p, ")") : "",
+             ", working weights ", work, cfg_.precision == DType::f32 ? " B (the masters)" : " B",
+             ", gradients ", grads, " B; --zero ", cfg_.zero);
+}
+
+void Trainer::make_reducer() {
+  comm::ReducerConfig rc;
+  rc.wire = cfg_.wire_dtype_given ? cfg_.wire_dtype : cfg_.precision;
+  rc.bucket_bytes = int64_t(cfg_.bucket_mb * double(1 << 20));
+  rc.first_bucket_bytes = std::min<int64_t>(rc.bucket_bytes, 1 << 20);
+  rc.overlap = cfg_.overlap;
+  rc.stall_timeout_s = cfg_.stall_timeout;
+  if (device_.kind == Device::cuda && rc.wire != cfg_.precision) {
+    // Device buckets are cast on the device, by a backend of the communication thread's own
+    // (its scratch apart from the main thread's), on the device's stream, so the cast runs
+    // after the backward kernels that wrote the bucket and before the collective reads it.
+    wire_backend_ = make_backend(device_, 1, cfg_.gpu_memory);
+    rc.cast = [this](const Tensor& src, const Tensor& dst) {
+      kernels::cuda::queue_cast(*wire_backend_, device_.index, src, dst);  // stream-ordered
+    };
+  }
+  // The communication thread and the stall watch call MPI beside the main thread.
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) {
+    if (comm_.rank() == 0 && (rc.overlap || rc.stall_timeout_s > 0))
+      std::cerr << "ringtrain: warning: this MPI gives no MPI_THREAD_MULTIPLE: gradient "
+                   "communication runs after backward and stalls are not detected\n";
+    rc.overlap = false;
+    rc.stall_timeout_s = 0;
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& p : model_->params()) ranges.push_back({p.offset, p.master.numel()});
+  std::vector<size_t> layer_of(ranges.size());
+  for (size_t l = 0; l < model_->layer_params().size(); ++l) {
+    const auto [first, count] = model_->layer_params()[l];
+    for (size_t i = first; i < first + count; ++i) layer_of[i] = l;
+  }
+  rc.shards = shards_;
+  DeviceScope on_device(device_);  // the wire buffer, when the wire dtype differs
+  reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
+}
+
+void Trainer::add_observers() {
+  const bool sharded = !shards_.empty();
+  numerics_ =
+      std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
+  observers_.add(std::make_unique<TimelineObserver>(timeline_, *model_, *reducer_, sharded));
+  observers_.add(std::make_unique<FaultObserver>(comm_.rank(), cfg_.test_stall_rank,
+                                                 cfg_.test_stall_step, cfg_.test_stall_seconds,
+                                                 cfg_.test_stall_gather));
+  // Before the skip reporter: a skipped step is charged to its layers before the warning
+  // names the layer that overflows most.
+  observers_.add(
+      std::make_unique<NumericsObserver>(*numerics_, *reducer_, sharded, console_, metrics_));
+  // After a restore: "fallen by 2^10" counts from the restored scale.
+  observers_.add(
+      std::make_unique<SkipReporter>(*scaler_, scaler_->scale(), *numerics_, console_, metrics_));
+  // (--zero 1: no rank holds the whole fp32 gradient, so no histograms of it)
+  if (tensorboard_ && cfg_.histogram_every > 0 && !sharded)
+    observers_.add(
+        std::make_unique<HistogramObserver>(*model_, grad32_, cfg_.histogram_every, *tensorboard_));
+  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_, comm_.size(),
+                                                  console_, metrics_, tensorboard_.get()));
+  node_hooks_ = observers_.layer_hooks();
+  reduce_hooks_ = node_hooks_;
+  reduce_hooks_.grad_ready = [this](size_t p) {
+    add_accumulated(p);
+    reducer_->mark_ready(p);
+  };
+}
+
+}  // namespace ringtrain::launch

@@ -1,0 +1,253 @@
+// Expansion of a model file's nodes (see graph_expand.hpp): `when` conditions, `set`
+// expressions written into the ops' fields, name templates and `repeat` blocks.
+#include "nn/graph_expand.hpp"
+
+#include <cctype>
+#include <set>
+
+#include "core/error.hpp"
+
+namespace ringtrain::graph {
+
+namespace gp = google::protobuf;
+
+std::string op_name(const pb::Node& n) {
+  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
+  const gp::FieldDescriptor* fd = n.GetReflection()->GetOneofFieldDescriptor(n, oneof);
+  if (!fd) return "";
+  if (fd->name() == "custom") return n.custom().type();
+  return fd->name();
+}
+
+void fail_at(const std::string& loc, const std::string& node, const std::string& why) {
+  throw_input(node.empty() ? cat(loc, ": ", why) : cat(loc, ": node '", node, "': ", why));
+}
+
+namespace {
+
+std::string upper(std::string s) {
+  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Sets field `set.field` of the node's op from the expression's value.
+void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
+  const gp::OneofDescriptor* oneof = pb::Node::descriptor()->FindOneofByName("op");
+  const gp::FieldDescriptor* opf = node.GetReflection()->GetOneofFieldDescriptor(node, oneof);
+  RT_REQUIRE(opf, "set: the node has no op to set '", set.field(), "' of");
+  const ExprValue v = eval_expr(set.expr(), scope);
+  if (opf->name() == "custom") {  // plugin ops: attributes by name
+    pb::Attr* a = nullptr;
+    for (auto& x : *node.mutable_custom()->mutable_attr())
+      if (x.name() == set.field()) a = &x;
+    if (!a) {
+      a = node.mutable_custom()->add_attr();
+      a->set_name(set.field());
+    }
+    switch (v.kind) {
+      case ExprValue::Kind::integer:
+        a->set_int_value(v.i);
+        break;
+      case ExprValue::Kind::real:
+        a->set_float_value(v.d);
+        break;
+      case ExprValue::Kind::string:
+        a->set_string_value(v.s);
+        break;
+      case ExprValue::Kind::list:
+        a->mutable_int_list()->mutable_value()->Assign(v.list.begin(), v.list.end());
+        break;
+    }
+    return;
+  }
+  gp::Message* op = node.GetReflection()->MutableMessage(&node, opf);
+  const gp::FieldDescriptor* fd = op->GetDescriptor()->FindFieldByName(set.field());
+  if (!fd) {
+    std::string fields;
+    for (int i = 0; i < op->GetDescriptor()->field_count(); ++i)
+      fields += (i ? ", " : "") + op->GetDescriptor()->field(i)->name();
+    throw_input(cat("set: op '", opf->name(), "' has no field '", set.field(),
+                    "' (its fields: ", fields.empty() ? "none" : fields, ")"));
+  }
+  const gp::Reflection* r = op->GetReflection();
+  auto integer = [&]() -> int64_t {
+    if (v.kind == ExprValue::Kind::integer) return v.i;
+    if (v.kind == ExprValue::Kind::real && v.d == double(int64_t(v.d))) return int64_t(v.d);
+    throw_input(cat("set: field '", set.field(), "' needs an integer, got '", v.str(), "'"));
+  };
+  auto number = [&]() -> double {
+    RT_REQUIRE(v.is_number(), "set: field '", set.field(), "' needs a number, got '", v.str(), "'");
+    return v.number();
+  };
+  if (fd->is_repeated()) {
+    RT_REQUIRE(
+        fd->cpp_type() == gp::FieldDescriptor::CPPTYPE_INT64 && v.kind == ExprValue::Kind::list,
+        "set: field '", set.field(), "' needs a list of integers, got '", v.str(), "'");
+    r->ClearField(op, fd);
+    for (int64_t x : v.list) r->AddInt64(op, fd, x);
+    return;
+  }
+  switch (fd->cpp_type()) {
+    case gp::FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(op, fd, integer());
+      break;
+    case gp::FieldDescriptor::CPPTYPE_INT32:
+      r->SetInt32(op, fd, int32_t(integer()));
+      break;
+    case gp::FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(op, fd, number());
+      break;
+    case gp::FieldDescriptor::CPPTYPE_FLOAT:
+      r->SetFloat(op, fd, float(number()));
+      break;
+    case gp::FieldDescriptor::CPPTYPE_BOOL:
+      r->SetBool(op, fd, number() != 0);
+      break;
+    case gp::FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(op, fd, v.str());
+      break;
+    case gp::FieldDescriptor::CPPTYPE_ENUM: {
+      const gp::EnumValueDescriptor* e = v.kind == ExprValue::Kind::string
+                                             ? fd->enum_type()->FindValueByName(upper(v.s))
+                                             : fd->enum_type()->FindValueByNumber(int(integer()));
+      if (!e) {
+        std::string names;
+        for (int i = 0; i < fd->enum_type()->value_count(); ++i)
+          names += (i ? ", " : "") + fd->enum_type()->value(i)->name();
+        throw_input(cat("set: '", v.str(), "' is not a value of field '", set.field(),
+                        "' (expected one of ", names, ")"));
+      }
+      r->SetEnum(op, fd, e);
+      break;
+    }
+    default:
+      throw_input(cat("set: field '", set.field(), "' cannot be set by an expression"));
+  }
+}
+
+class Expander {
+ public:
+  explicit Expander(const ModelFile& f) : f_(f) {}
+
+  // Expands `nodes` in `scope`; returns the reference to the last output.
+  Ref expand(const gp::RepeatedPtrField<pb::Node>& nodes, const ExprScope& scope,
+             const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev) {
+    for (const pb::Node& node : nodes) {
+      const std::string loc = f_.where(node);
+      std::string shown = node.name();
+      try {
+        if (!node.when().empty() && !truth(eval_expr(node.when(), scope))) continue;
+        shown = prefixes.back() + expand_template(node.name(), scope);
+      } catch (const Error& e) {
+        fail_at(f_.where(node, node.when().empty() ? "name" : "when"), shown, e.what());
+      }
+      auto def = std::make_shared<pb::Node>(node);
+      for (int k = 0; k < node.set_size(); ++k) {
+        try {
+          apply_set(*def, node.set(k), scope);
+        } catch (const Error& e) {
+          fail_at(f_.where(node.set(k)), shown, e.what());
+        }
+      }
+      if (def->has_repeat()) {
+        prev = expand_repeat(node, *def, scope, prefixes, scope_in, prev, shown);
+        continue;
+      }
+      if (node.name().empty()) fail_at(loc, "", "a node needs a name");
+      if (shown == "input")
+        fail_at(f_.where(node, "name"), shown,
+                "'input' names the model input; choose another name");
+      if (!names_.insert(shown).second)
+        fail_at(f_.where(node, "name"), shown, "a node of this name exists already");
+      if (op_name(*def).empty())
+        fail_at(loc, shown,
+                "the node has no op (linear, conv, batch_norm, activation, max_pool, "
+                "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
+      Raw raw{shown, def, &node, {}};
+      if (node.input_size() == 0) raw.refs.push_back(prev);
+      for (int k = 0; k < node.input_size(); ++k) {
+        std::string t;
+        try {
+          t = expand_template(node.input(k), scope);
+        } catch (const Error& e) {
+          fail_at(f_.where(node, "input", k), shown, e.what());
+        }
+        raw.refs.push_back(t == "input" ? scope_in : Ref{false, t, prefixes, ""});
+      }
+      def->clear_input();
+      raws_.push_back(std::move(raw));
+      prev = Ref{false, "", {}, shown};
+    }
+    return prev;
+  }
+
+  std::vector<Raw>& raws() { return raws_; }
+  const std::map<std::string, Ref>& aliases() const { return aliases_; }
+
+ private:
+  static bool truth(const ExprValue& v) {
+    RT_REQUIRE(v.is_number(), "when: needs a number, got '", v.str(), "'");
+    return v.number() != 0;
+  }
+
+  Ref expand_repeat(const pb::Node& node, const pb::Node& def, const ExprScope& scope,
+                    const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev,
+                    const std::string& shown) {
+    const pb::Repeat& r = def.repeat();
+    std::vector<int64_t> items;
+    int64_t count = r.count();
+    if (!r.over().empty()) {
+      auto it = scope.find(r.over());
+      if (it == scope.end() || it->second.kind != ExprValue::Kind::list)
+        fail_at(f_.where(node.repeat(), "over"), shown,
+                cat("repeat: over '", r.over(), "' is not an int_list var of this model"));
+      items = it->second.list;
+      count = int64_t(items.size());
+    }
+    if (count < 0 || count > 100000)
+      fail_at(f_.where(node), shown,
+              cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
+    if (node.input_size() > 1)
+      fail_at(f_.where(node, "input", 1), shown, "a repeat takes one input");
+    Ref in = prev;
+    if (node.input_size() == 1) {
+      const std::string t = expand_template(node.input(0), scope);
+      in = t == "input" ? scope_in : Ref{false, t, prefixes, ""};
+    }
+    const std::string index = r.index().empty() ? "i" : r.index();
+    for (int64_t k = 0; k < count; ++k) {
+      ExprScope s = scope;
+      s[index] = ExprValue::of(r.start() + k);
+      if (!items.empty()) s["item"] = ExprValue::of(items[size_t(k)]);
+      std::string p;
+      try {
+        p = prefixes.back() + expand_template(r.prefix(), s);
+      } catch (const Error& e) {
+        fail_at(f_.where(node.repeat(), "prefix"), shown, e.what());
+      }
+      std::vector<std::string> inner = prefixes;
+      inner.push_back(p);
+      Ref out = expand(node.repeat().node(), s, inner, in, in);
+      if (!r.output().empty()) out = Ref{false, "", {}, p + expand_template(r.output(), s)};
+      in = out;
+    }
+    if (!node.name().empty()) aliases_[shown] = in;
+    return in;
+  }
+
+  const ModelFile& f_;
+  std::vector<Raw> raws_;
+  std::set<std::string> names_;
+  std::map<std::string, Ref> aliases_;
+};
+
+}  // namespace
+
+Expansion expand_nodes(const ModelFile& file) {
+  Expander ex(file);
+  const Ref input{true, "input", {}, ""};
+  ex.expand(file.def().node(), file.scope(), {""}, input, input);
+  return Expansion{std::move(ex.raws()), ex.aliases()};
+}
+
+}  // namespace ringtrain::graph

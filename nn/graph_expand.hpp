@@ -1,0 +1,45 @@
+// The first stage of planning a model file (nn/graph_builder.cpp's plan_model): expansion of
+// the file's nodes -- `when`, `set` expressions, name templates and `repeat` -- into a flat
+// list of named nodes whose inputs are still references by name, resolved afterwards.
+// Internal to nn/.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/model_file.hpp"
+#include "ringtrain/model.pb.h"
+
+namespace ringtrain::graph {
+
+// A reference to a node's output, resolved once every node is named.
+struct Ref {
+  bool model_input = false;
+  std::string text;                   // as written (templates expanded)
+  std::vector<std::string> prefixes;  // scopes to look in, innermost last
+  std::string exact;                  // a full name known at expansion
+};
+
+struct Raw {
+  std::string name;
+  std::shared_ptr<pb::Node> def;
+  const pb::Node* source;
+  std::vector<Ref> refs;
+};
+
+// The node's op as the registry names it ("conv", or a plugin op's type); "" for none.
+std::string op_name(const pb::Node& n);
+
+// An input error "LOC: node 'NODE': WHY" ("LOC: WHY" without a node).
+[[noreturn]] void fail_at(const std::string& loc, const std::string& node, const std::string& why);
+
+struct Expansion {
+  std::vector<Raw> raws;               // every node, in file order after expansion
+  std::map<std::string, Ref> aliases;  // a named repeat: the reference to its last output
+};
+// Expands every node of the file; errors name FILE:LINE:COLUMN and the node.
+Expansion expand_nodes(const ModelFile& file);
+
+}  // namespace ringtrain::graph
