@@ -21,7 +21,8 @@ class OneDnnConv {
   // Each pointer comes with its tensor's dtype; `compute` is the dtype the convolution reads
   // (fp32, or a 16-bit dtype supports() accepts). A tensor whose dtype or layout differs
   // from what the primitive wants is converted by the reorder into (or out of) oneDNN's
-  // layout, in the same pass: widening a 16-bit tensor costs no pass of its own.
+  // layout, in the same pass: widening a bf16 tensor costs no pass of its own (oneDNN 2.6
+  // converts fp16 only in its reference reorder, so the CPU backend widens fp16 itself).
   // y = act(conv(x, w) + bias), rounded once to y's dtype; bias (fp32) may be null.
   void forward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* w, DType wt,
                const float* bias, bool relu, void* y, DType yt);
