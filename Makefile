@@ -1,7 +1,8 @@
 # The README's two commands, kept thin: install missing Debian packages, configure and
-# build with CMake, then run. `make demo` trains on Fashion-MNIST; `make test` runs ctest in
-# both configurations: $(BUILD) (CUDA AUTO: on when nvcc, cuDNN and NCCL are found; every
-# suite, the gpu one skipping visibly without a GPU) and $(BUILD_CPU) (RINGTRAIN_CUDA=OFF:
+# build with CMake, then run. `make demo` trains on Fashion-MNIST (`make gpt-demo`: a GPT on
+# the Python standard library's sources); `make test` runs ctest in both configurations:
+# $(BUILD) (CUDA AUTO: on when nvcc, cuDNN and NCCL are found; every suite, the gpu one
+# skipping visibly without a GPU) and $(BUILD_CPU) (RINGTRAIN_CUDA=OFF:
 # everything compiled; the unit tests and the CLI/bad-input e2e tests, which are what differs
 # without CUDA, are run).
 MAKEFLAGS += --no-print-directory
@@ -9,8 +10,10 @@ BUILD ?= build
 BUILD_CPU ?= build-cpu
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all deps configure build configure-cpu build-cpu demo test test-cpu test-multinode format clean
+.PHONY: all deps configure build configure-cpu build-cpu install demo gpt-demo test test-cpu \
+  test-multinode format clean
 
 all: build
 
@@ -32,8 +35,16 @@ configure-cpu: deps
 build-cpu: configure-cpu
 	@cmake --build $(BUILD_CPU) -j$(JOBS)
 
+# The binary, the libraries an op needs, their headers, the shipped models and the CMake
+# package (find_package(ringtrain)) under $(PREFIX); docs/building.md.
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
 demo: build
 	@tools/demo.sh
+
+gpt-demo: build
+	@tools/gpt-demo.sh
 
 test: build test-cpu
 	@cd $(BUILD) && ctest --output-on-failure --timeout 900

@@ -126,10 +126,11 @@ void GradReducer::gather(size_t b) {
   const auto t0 = Clock::now();
   maybe_inject_fault("gather", step_);
   // After every reduction of the step in the stall watch's order of positions, so that a
-  // rank still reducing counts as behind one that gathers.
-  watch_.enter(step_, int64_t(buckets_.size() + b), "weight all-gather", int64_t(b));
+  // rank still reducing counts as behind one that gathers (buckets gather last to first).
+  watch_.enter(step_, int64_t(2 * buckets_.size() - 1 - b), "weight all-gather", int64_t(b));
   comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
                    cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
+  if (b == 0 && extra_.data != nullptr) comm_.allgatherv(extra_.data, extra_counts_, extra_.dtype);
   watch_.leave();
   const auto t1 = Clock::now();
   gather_s_ += std::chrono::duration<double>(t1 - t0).count();
@@ -143,7 +144,7 @@ void GradReducer::run() {
     if (stop_) return;
     // Reductions first: the all-gather of a step starts only after finish().
     const bool reducing = done_ < ready_;
-    const size_t b = reducing ? done_ : gathered_;
+    const size_t b = reducing ? done_ : buckets_.size() - 1 - gathered_;
     lock.unlock();
     try {
       reducing ? reduce(b) : gather(b);
@@ -160,19 +161,27 @@ void GradReducer::run() {
   }
 }
 
-void GradReducer::start_gather(Tensor work) {
+void GradReducer::start_gather(Tensor work, Tensor extra, std::vector<int64_t> extra_counts) {
   RT_CHECK(sharded(), "all-gather of the working weights without a shard layout");
   RT_CHECK(work.numel() == grad_.numel(), "all-gather of ", work.numel(), " elements over ",
            grad_.numel());
+  int64_t extra_total = 0;
+  for (int64_t c : extra_counts) extra_total += c;
+  if (extra.data != nullptr && extra.numel() == 0) extra = Tensor();  // nothing to gather
+  RT_CHECK(extra.data == nullptr ||
+               (int(extra_counts.size()) == comm_.size() && extra_total == extra.numel()),
+           "all-gather of ", extra.numel(), " extra elements as ", extra_total);
   std::lock_guard<std::mutex> lock(mu_);
   gather_ = work;
+  extra_ = extra;
+  extra_counts_ = std::move(extra_counts);
   gather_ready_ = gathered_ = 0;
 }
 
 void GradReducer::gather_ready(size_t bucket) {
   std::lock_guard<std::mutex> lock(mu_);
-  RT_CHECK(bucket == gather_ready_, "bucket ", bucket, " ready to gather before bucket ",
-           gather_ready_);
+  RT_CHECK(bucket == buckets_.size() - 1 - gather_ready_, "bucket ", bucket,
+           " ready to gather before bucket ", buckets_.size() - 1 - gather_ready_);
   ++gather_ready_;
   cv_.notify_all();
 }
@@ -180,7 +189,7 @@ void GradReducer::gather_ready(size_t bucket) {
 double GradReducer::finish_gather() {
   const auto t0 = Clock::now();
   if (!cfg_.overlap) {  // the same buckets in the same order, after the optimizer
-    for (size_t b = 0; b < buckets_.size(); ++b) gather(b);
+    for (size_t b = buckets_.size(); b-- > 0;) gather(b);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
   std::unique_lock<std::mutex> lock(mu_);

@@ -9,7 +9,10 @@
 // sum of its shard's part of the bucket (the same bytes on the wire as the allreduce, half
 // of them now and half in the all-gather). After the optimizer has updated a bucket's
 // shard of the working weights, gather_ready() hands the bucket to the same communication
-// thread, which all-gathers it while the optimizer goes on with the next bucket.
+// thread, which all-gathers it while the optimizer goes on with the next bucket. The
+// all-gather runs in reverse bucket order: the first layers' bucket (usually the largest,
+// and the one the next forward needs first) goes first, so the bucket left exposed at the
+// end is the small first bucket of the last layers.
 #pragma once
 
 #include <chrono>
@@ -73,10 +76,13 @@ class GradReducer {
   Tensor result() const { return wire_; }
   double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
   // ZeRO-1, after finish(): all-gathers `work` (the flat working weights, any dtype) bucket
-  // by bucket, bucket b once gather_ready(b) was called (in bucket order, after this rank
-  // updated its shard of the bucket). finish_gather() waits for the last bucket and returns
-  // the seconds it waited.
-  void start_gather(Tensor work);
+  // by bucket, bucket b once gather_ready(b) was called (in reverse bucket order, from the
+  // last bucket to bucket 0, after this rank updated its shard of the bucket). `extra`
+  // (optional: the full fp32 copy of parameters layers read in fp32), whose rank r holds
+  // extra_counts[r] elements in rank order, is all-gathered after bucket 0, so it must be up
+  // to date when bucket 0 is ready. finish_gather() waits for bucket 0 and returns the
+  // seconds it waited.
+  void start_gather(Tensor work, Tensor extra = {}, std::vector<int64_t> extra_counts = {});
   void gather_ready(size_t bucket);
   double finish_gather();
   double gather_seconds() const { return gather_s_; }  // summed over the last step's buckets
@@ -107,6 +113,8 @@ class GradReducer {
   double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;
   Tensor gather_;  // the working weights of the step's all-gather
+  Tensor extra_;   // and the fp32 region gathered after them
+  std::vector<int64_t> extra_counts_;
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;

@@ -5,12 +5,29 @@
 
 namespace ringtrain::comm {
 
+namespace {
+
+HierarchicalCommunicator::Parts mpi_parts(MPI_Comm comm) {
+  auto world = std::make_unique<MpiCommunicator>(comm);
+  auto node = std::make_unique<MpiCommunicator>(world->node_comm(), false);
+  auto cross = std::make_unique<MpiCommunicator>(world->cross_comm(), false);
+  return {std::move(world), std::move(node), std::move(cross)};
+}
+
+}  // namespace
+
 HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm)
-    : world_(std::make_unique<MpiCommunicator>(comm)) {
-  node_ = std::make_unique<MpiCommunicator>(world_->node_comm(), false);
-  cross_ = std::make_unique<MpiCommunicator>(world_->cross_comm(), false);
+    : HierarchicalCommunicator(mpi_parts(comm), "hierarchical") {}
+
+HierarchicalCommunicator::HierarchicalCommunicator(Parts parts, std::string backend,
+                                                   std::function<bool(const void*)> split)
+    : world_(std::move(parts.world)),
+      node_(std::move(parts.node)),
+      cross_(std::move(parts.cross)),
+      backend_(std::move(backend)),
+      split_(std::move(split)) {
   int64_t sizes[2] = {world_->local_size(), -world_->local_size()};  // max, -min
-  world_->allreduce(sizes, 2, DType::i64, ReduceOp::max);
+  world_->allreduce(sizes, 2, DType::i64, ReduceOp::max);            // host memory: the flat path
   RT_REQUIRE(sizes[0] == -sizes[1],
              "--comm hierarchical needs the same number of ranks on every "
              "node, but nodes hold between ",
@@ -19,6 +36,7 @@ HierarchicalCommunicator::HierarchicalCommunicator(MPI_Comm comm)
 }
 
 void HierarchicalCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  if (split_ && !split_(buf)) return world_->allreduce(buf, count, dtype, op);
   const int l = node_->size();
   if (l == 1 || count < l) {  // nothing to split: node then cross-node allreduce
     node_->allreduce(buf, count, dtype, op);

@@ -1,5 +1,6 @@
 // RINGTRAIN_TEST_FAIL parsing and the injection check (see fault_injection.hpp).
 #include "core/fault_injection.hpp"
+#include "core/env.hpp"
 
 #include <atomic>
 #include <cstdio>
@@ -24,7 +25,7 @@ std::atomic<int> g_rank{-1};
 const Fault& fault() {
   static const Fault f = [] {
     Fault f;
-    const char* v = std::getenv("RINGTRAIN_TEST_FAIL");
+    const char* v = env::raw("RINGTRAIN_TEST_FAIL");
     if (!v || !*v) return f;
     const int n = std::sscanf(v, "%d:%31[a-z]:%lld", &f.rank, f.point, &f.step);
     RT_REQUIRE(n >= 2, "RINGTRAIN_TEST_FAIL='", v, "' is not valid; expected RANK:POINT[:STEP]");

@@ -59,6 +59,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.precision = need_str(f, "precision");
   m.model = need_str(f, "model");
   m.ringtrain_version = need_str(f, "ringtrain_version");
+  m.plugins = read_attr_string(f, "plugins").value_or("");
   m.input_mean = need_double(f, "input_mean");
   m.input_std = need_double(f, "input_std");
   m.input_channel_mean = read_attr_doubles(f, "input_channel_mean").value_or(std::vector<double>{});

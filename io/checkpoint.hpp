@@ -25,6 +25,8 @@ struct CheckpointMeta {
   int64_t step = 0, epoch = 0, samples_seen = 0, world_size = 1;
   int64_t global_batch = 0;  // G of the run that saved (the sequence a resume continues)
   std::string precision, model, ringtrain_version;
+  // The plugin libraries the model's ops come from, one "OP=LIBRARY" line per op ("" none).
+  std::string plugins;
   int64_t data_epoch = 0, data_position = 0;  // /data: where the next batch starts
   double loss_scale = 1;
   int64_t growth_tracker = 0;

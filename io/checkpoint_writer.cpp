@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/env.hpp"
 #include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
@@ -199,6 +200,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "precision", m.precision);
     write_attr(f, "model", m.model);
     write_attr(f, "ringtrain_version", m.ringtrain_version);
+    if (!m.plugins.empty()) write_attr(f, "plugins", m.plugins);
     write_attr(f, "input_mean", m.input_mean);
     write_attr(f, "input_std", m.input_std);
     if (!m.input_channel_mean.empty()) {
@@ -211,7 +213,12 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_attr(f, "evals_since_best", m.evals_since_best);
     write_attr(f, "global_batch", m.global_batch);
     for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
-    for (const auto& p : params) w.replicated(f, "params/" + p.name, p.tensor);
+    for (const auto& p : params) {
+      if (p.full_shape.empty())
+        w.replicated(f, "params/" + p.name, p.tensor);
+      else
+        w.sharded(f, "params/" + p.name, p);
+    }
     maybe_inject_fault("save", m.step);  // between collective writes
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
@@ -248,7 +255,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
-  if (const char* t = std::getenv("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
+  if (const char* t = env::raw("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
     std::_Exit(9);
   fsync_path(tmp);
   std::error_code ec;

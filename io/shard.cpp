@@ -1,5 +1,6 @@
 // One dataset file: validation and hyperslab reads (see shard.hpp).
 #include "io/shard.hpp"
+#include "core/env.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -144,7 +145,7 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
 }
 
 void ShardFile::plan_direct_reads(const Shape& ishape) {
-  const char* env = std::getenv("RINGTRAIN_DIRECT_READ");
+  const char* env = env::raw("RINGTRAIN_DIRECT_READ");
   if (env && std::string(env) == "0") return;
   H5Id dcpl(H5_CHECK(H5Dget_create_plist(images_)));
   H5Id type(H5_CHECK(H5Dget_type(images_)));

@@ -22,6 +22,7 @@
 #include "launch/model_source.hpp"
 #include "launch/options.hpp"
 #include "launch/predict.hpp"
+#include "launch/sample.hpp"
 #include "launch/signals.hpp"
 #include "launch/trainer.hpp"
 
@@ -124,17 +125,19 @@ void print_per_class(const std::vector<ClassFigures>& f, const std::vector<doubl
 }
 
 // eval --baselines: rank 0 counts the training split and scores the n-gram models on the
-// evaluated split (the other ranks wait for the outcome); prints them and writes a record.
-void print_baselines(const EvalConfig& cfg, comm::Communicator& comm) {
+// evaluated split over the targets of windows of `seq_len` (0: every token; the other ranks
+// wait for the outcome); prints them and writes a record. Returns rank 0's figures.
+io::BaselineLoss print_baselines(const EvalConfig& cfg, int64_t seq_len, comm::Communicator& comm) {
+  io::BaselineLoss b;
   agree(comm, [&] {
     if (comm.rank() != 0) return;
     io::TokenDataset train(cfg.baselines), val(cfg.data);
     const io::NgramCounts counts = io::count_ngrams(train);
-    const io::BaselineLoss b = io::baseline_loss(counts, val, cfg.seq_len);
+    b = io::baseline_loss(counts, val, seq_len);
     // Byte tokens: one byte per token, so bits/byte = nats/token / ln 2.
     const double bits = 1.0 / std::log(2.0);
     const std::string windows =
-        cfg.seq_len > 0 ? cat("windows of ", cfg.seq_len, " tokens") : std::string("every token");
+        seq_len > 0 ? cat("windows of ", seq_len, " tokens") : std::string("every token");
     std::printf(
         "baselines on %s (%lld target tokens, %s), counted on %s (%lld tokens), add-one "
         "smoothing:\n",
@@ -147,11 +150,65 @@ void print_baselines(const EvalConfig& cfg, comm::Communicator& comm) {
                       .add("type", "baseline")
                       .add("split", cfg.data)
                       .add("train", cfg.baselines)
-                      .add("seq_len", cfg.seq_len)
+                      .add("seq_len", seq_len)
                       .add("targets", b.targets)
                       .add("unigram", b.unigram)
                       .add("bigram", b.bigram));
   });
+  return b;
+}
+
+// eval of a language model on token data: every non-overlapping window of --seq-len (the
+// length the model trained at by default) tokens, each rank its slice; the loss in
+// nats/token and bits/byte, and with --baselines the n-gram models on the same targets.
+int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& backend,
+                const TokenInput& lm, const std::string& model_name, comm::Communicator& comm) {
+  std::unique_ptr<io::TokenDataset> data;
+  int64_t t = 0;
+  agree(comm, [&] {
+    data = std::make_unique<io::TokenDataset>(cfg.data);
+    t = cfg.seq_len ? cfg.seq_len : loaded.model->input_shape().at(0);
+    io::require_tokens_fit_model(data->info(), t, lm.vocab, lm.context ? lm.context : t,
+                                 model_name);
+    data->set_seq_len(t);
+  });
+  // Windows of about 8192 tokens a pass unless --batch-size says: [B, T, V] fp32 logits of
+  // 256 windows of 1024 tokens over GPT-2's vocabulary would be 52 GB.
+  const int64_t batch = cfg.batch_size_given ? cfg.batch_size : std::max<int64_t>(1, 8192 / t);
+  const EvalResult r =
+      run_or_fail([&] { return evaluate_tokens(*loaded.model, *data, comm, backend, batch); });
+  const double bits = bits_per_byte(data->info(), r.loss).value_or(-1);  // -1: not bytes
+  if (comm.rank() == 0) {
+    char bpb[40] = "";
+    if (bits >= 0) std::snprintf(bpb, sizeof bpb, "  %.4f bits/byte", bits);
+    std::printf(
+        "eval %s on %s (%lld windows of %lld tokens: %lld target tokens, computed in %s):\n"
+        "  model    %.4f nats/token%s  accuracy %.4f\n",
+        cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
+        static_cast<long long>(t), static_cast<long long>(r.tokens), dtype_name(cfg.precision),
+        r.loss, bpb, r.accuracy);
+    std::fflush(stdout);
+  }
+  std::optional<io::BaselineLoss> base;
+  if (!cfg.baselines.empty()) base = print_baselines(cfg, t, comm);
+  if (comm.rank() != 0) return 0;
+  if (base)
+    std::printf("  model / bigram = %.4f, model / unigram = %.4f\n", r.loss / base->bigram,
+                r.loss / base->unigram);
+  JsonLine record;
+  record.add("type", "eval")
+      .add("step", loaded.meta.step)
+      .add("split", cfg.data)
+      .add("loss", r.loss)
+      .add("accuracy", r.accuracy)
+      .add("seq_len", t)
+      .add("windows", r.samples)
+      .add("tokens", r.tokens);
+  if (bits >= 0) record.add("bits_per_byte", bits);
+  if (base) record.add("unigram", base->unigram).add("bigram", base->bigram);
+  MetricsWriter metrics(cfg.metrics);
+  metrics.write(record);
+  return 0;
 }
 
 }  // namespace
@@ -159,23 +216,36 @@ void print_baselines(const EvalConfig& cfg, comm::Communicator& comm) {
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   EvalConfig cfg;
   if (!parse_agreed(parse_eval, args, cfg, comm)) return 0;
-  if (!cfg.baselines.empty()) print_baselines(cfg, comm);
-  if (cfg.checkpoint.empty()) return 0;
+  if (cfg.checkpoint.empty()) {
+    print_baselines(cfg, cfg.seq_len, comm);
+    return 0;
+  }
   LoadedModel loaded;
   std::unique_ptr<io::Dataset> data;
   std::unique_ptr<kernels::Backend> backend;
   std::vector<std::string> names;
+  TokenInput lm;
+  std::string model_name;  // for messages: "NAME' of checkpoint 'C"
   agree(comm, [&] {
     const Device device = choose_device(cfg.device, comm);
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     load_plugins(cfg.plugins);
     loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *backend);
-    io::require_data_kind(cfg.data, io::data_kind_of(cfg.data), io::DataKind::images,
+    const ModelFile file = model_from_checkpoint(loaded.meta, cfg.checkpoint);
+    lm = token_input_of(plan_model(file));
+    model_name = cat(file.name(), "' of checkpoint '", cfg.checkpoint);
+    const io::DataKind want = lm.takes_tokens ? io::DataKind::tokens : io::DataKind::images;
+    io::require_data_kind(cfg.data, io::data_kind_of(cfg.data), want,
                           cat("the model of checkpoint '", cfg.checkpoint, "'"));
+    RT_REQUIRE(lm.takes_tokens || cfg.baselines.empty(),
+               "--baselines is for token data; the model of checkpoint '", cfg.checkpoint,
+               "' takes images and labels");
+    if (lm.takes_tokens) return;
     data = std::make_unique<io::Dataset>(cfg.data);
     require_data_fits(*loaded.model, data->info(), cfg.checkpoint);
     if (comm.rank() == 0) names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
   });
+  if (lm.takes_tokens) return eval_tokens(cfg, loaded, *backend, lm, model_name, comm);
   const io::CheckpointMeta& meta = loaded.meta;
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   std::vector<double> confusion;
@@ -223,6 +293,12 @@ int cmd_predict(const std::vector<std::string>& args, comm::Communicator& comm) 
   PredictConfig cfg;
   if (!parse_agreed(parse_predict, args, cfg, comm)) return 0;
   return run_predict(cfg, comm);
+}
+
+int cmd_sample(const std::vector<std::string>& args, comm::Communicator& comm) {
+  SampleConfig cfg;
+  if (!parse_agreed(parse_sample, args, cfg, comm)) return 0;
+  return run_sample(cfg, comm);
 }
 
 namespace {

@@ -12,6 +12,7 @@ namespace ringtrain::launch {
 int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_predict(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_sample(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm);   // model_show.cpp

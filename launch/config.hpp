@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "core/schedule.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
 
 namespace ringtrain::launch {
 
@@ -18,6 +18,7 @@ struct TrainConfig {
   std::string data, val_data;
   int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
   bool cache = false;         // keep the samples read in memory
+  int64_t seq_len = 0;        // token data: tokens per window (0: the model's context)
   std::string model = "mlp";  // a built-in name or a model file
   // Overrides of the model file's vars, in order: (var, value, the option that gave it),
   // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.
@@ -85,11 +86,26 @@ struct EvalConfig {
   std::string baselines;  // token data: the training split the n-gram baselines count
   int64_t seq_len = 0;    // token data: windows of this many targets (0: every token)
   int64_t batch_size = 256;
+  bool batch_size_given = false;  // token data: else windows of about 8192 tokens together
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";       // cpu | cuda
   std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION
   std::string metrics;
+};
+
+struct SampleConfig {
+  std::string checkpoint, prompt;
+  std::vector<std::string> plugins;
+  int64_t tokens = 0;        // new tokens per sample
+  double temperature = 1.0;  // > 0
+  int64_t top_k = 0;         // 0: the whole vocabulary
+  int64_t seed = 0;
+  int64_t num_samples = 1;  // sample i draws from stream (seed, i); ranks share them out
+  DType precision = DType::f32;
+  int threads = 0;
+  std::string device = "cpu";
+  std::string gpu_memory = "grow";
 };
 
 struct ModelShowConfig {
@@ -115,8 +131,9 @@ struct ConvertConfig {
 
 struct PredictConfig {
   std::string checkpoint, data, out;
-  int64_t top_k = 5;           // at most the model's classes
-  bool probabilities = false;  // softmax instead of logits
+  std::vector<std::string> plugins;  // --plugin: the ops of the checkpoint's model
+  int64_t top_k = 5;                 // at most the model's classes
+  bool probabilities = false;        // softmax instead of logits
   int64_t batch_size = 256;
   DType precision = DType::f32;
   int threads = 0;

@@ -2,6 +2,7 @@
 #include "launch/evaluate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/fault_injection.hpp"
@@ -84,6 +85,46 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
   if (confusion)
     comm.allreduce(confusion->data(), int64_t(confusion->size()), DType::f64, comm::ReduceOp::sum);
   return {sums[0] / double(n), sums[1] / double(n), n};
+}
+
+std::optional<double> bits_per_byte(const io::TokenDatasetInfo& data, double nats_per_token) {
+  if (data.tokenizer != "bytes") return std::nullopt;
+  return nats_per_token / std::log(2.0);
+}
+
+EvalResult evaluate_tokens(Model& model, io::TokenDataset& data, comm::Communicator& comm,
+                           kernels::Backend& backend, int64_t batch) {
+  const int64_t n = data.num_windows(), t = data.seq_len(), vocab = data.info().vocab_size;
+  const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
+  Context ctx{backend, model.compute_dtype(), /*training=*/false};
+  const Device dev = backend.device();
+  DeviceScope on_device(dev);
+  OwnedTensor x, y, xd, yd;
+  std::vector<int64_t> idx;
+  double sums[2] = {0, 0};  // loss summed over tokens, correct tokens
+  for (int64_t start = lo; start < hi; start += batch) {
+    maybe_inject_fault("eval");
+    const int64_t b = std::min(batch, hi - start);
+    idx.resize(size_t(b));
+    for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
+    Tensor* xt = &x.ensure({b, t}, DType::i32, Device{});
+    Tensor* yt = &y.ensure({b, t}, DType::i32, Device{});
+    data.read_windows(idx.data(), b, xt->as<int32_t>(), yt->as<int32_t>());
+    if (dev.kind != Device::cpu) {
+      Tensor& xu = xd.ensure({b, t}, DType::i32, dev);
+      Tensor& yu = yd.ensure({b, t}, DType::i32, dev);
+      copy_bytes(xu.data, dev, xt->data, Device{}, xt->bytes());
+      copy_bytes(yu.data, dev, yt->data, Device{}, yt->bytes());
+      xt = &xu;
+      yt = &yu;
+    }
+    const auto r = backend.token_xent(model.forward(ctx, *xt), *yt, vocab, 1.f, nullptr);
+    sums[0] += r.loss_sum;
+    sums[1] += double(r.correct);
+  }
+  comm.allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  const double tokens = double(n) * double(t);
+  return {sums[0] / tokens, sums[1] / tokens, n, n * t};
 }
 
 }  // namespace ringtrain::launch

@@ -1,20 +1,24 @@
 // Loss and accuracy of a model on a dataset, split over the ranks: rank r evaluates the
-// r-th contiguous slice of the samples and one allreduce sums the results.
+// r-th contiguous slice of the samples (images, or windows of a token dataset) and one
+// allreduce sums the results.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
+#include "io/tokens.hpp"
 #include "nn/model.hpp"
 
 namespace ringtrain::launch {
 
 struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t samples = 0;
+  double loss = 0, accuracy = 0;  // token data: nats/token, and per token
+  int64_t samples = 0;            // images, or windows
+  int64_t tokens = 0;             // token data: the targets scored
 };
 
 // Plain cross-entropy (no label smoothing), whatever the training loss was. With
@@ -23,6 +27,18 @@ struct EvalResult {
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
                     kernels::Backend& backend, int64_t batch, const io::Normalization& norm,
                     std::vector<double>* confusion = nullptr);
+
+// A language model on token data: every target of all data.num_windows() non-overlapping
+// windows of data.seq_len() tokens (set_seq_len() first), `batch` windows per forward pass.
+// The loss is the mean cross-entropy per target token in nats (over the data's vocabulary,
+// the first `vocab_size` of the model's outputs); the accuracy the fraction of targets that
+// are the arg-max.
+EvalResult evaluate_tokens(Model& model, io::TokenDataset& data, comm::Communicator& comm,
+                           kernels::Backend& backend, int64_t batch);
+
+// Bits per byte of a loss in nats/token when the tokens are bytes (tokenizer "bytes": one
+// byte per token, so bits/byte = nats/token / ln 2); nullopt for other tokenizers.
+std::optional<double> bits_per_byte(const io::TokenDatasetInfo& data, double nats_per_token);
 
 // The input normalisation a checkpoint's model trained with (per channel when it has one).
 io::Normalization normalization_of(const io::CheckpointMeta& m);

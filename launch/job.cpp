@@ -16,6 +16,7 @@
 
 #include "comm/mpi/mpi_check.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
 
@@ -30,7 +31,12 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   control_ = std::make_unique<comm::ControlChannel>(MPI_COMM_WORLD);
   set_fault_rank(world_->rank());
   placement_ = find_placement(*world_);
-  const char* verbose = std::getenv("RINGTRAIN_VERBOSE");
+  if (world_->rank() == 0) {  // a typo'd setting would otherwise be ignored silently
+    if (const auto unknown = env::unknown_settings(); !unknown.empty())
+      std::cerr << cat("ringtrain: warning: ", env::unknown_settings_message(unknown), "\n")
+                << std::flush;
+  }
+  const char* verbose = env::raw("RINGTRAIN_VERBOSE");
   if (verbose && std::string(verbose) == "1") {
     const Placement& p = placement_;
     // One write per line: through mpirun, pieces of lines from several ranks could interleave.

@@ -24,9 +24,14 @@ const char* kUsage =
     "  eval    --checkpoint FILE --data PATH   loss, accuracy and per-class figures\n"
     "  predict --checkpoint FILE --data PATH --out P.h5|P.npy\n"
     "                                          scores and top-k classes of every sample\n"
+    "  sample  --checkpoint FILE --prompt TEXT --tokens N\n"
+    "                                          text from a language model\n"
+    "  export  --checkpoint FILE --format onnx --out M.onnx\n"
+    "                                          the network as an ONNX model\n"
     "  convert idx|npy|images|cifar|text ... --out PATH\n"
     "                                          data to a ringtrain dataset (text: byte tokens)\n"
     "  inspect FILE.h5                         what a dataset or checkpoint holds\n"
+    "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";
 
@@ -67,14 +72,15 @@ int main(int argc, char** argv) {
     if (command == "train") return cmd_train(args, world);
     if (command == "eval") return cmd_eval(args, world);
     if (command == "predict") return cmd_predict(args, world);
+    if (command == "sample") return cmd_sample(args, world);
     if (command == "convert") return cmd_convert(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
     agree(world, [&] {
       throw_input(cat("unknown command '", command,
-                      "'; expected train, eval, predict, export, convert, inspect, "
-                      "model or --version"));
+                      "'; expected train, eval, predict, sample, export, convert, "
+                      "inspect, model or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;

@@ -3,24 +3,45 @@
 
 #include <dlfcn.h>
 
+#include <climits>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "launch/device.hpp"
 #include "launch/trainer.hpp"
 #include "nn/legacy_model_json.hpp"
+#include "nn/op_registry.hpp"
+#include "ringtrain/model.pb.h"
 
 namespace ringtrain::launch {
 
 void load_plugins(const std::vector<std::string>& libs) {
+  // The handles of the libraries loaded so far: dlopen() of one already loaded returns its
+  // handle again without running its initialisers, which is not "registers no op".
+  static std::set<void*> loaded;
   for (const auto& lib : libs) {
     // A path without a slash would be searched for in the library path: make it relative.
     const std::string path = lib.find('/') == std::string::npos ? "./" + lib : lib;
+    begin_plugin_registrations();
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     if (!handle) {
+      cancel_plugin_registrations();
       const char* why = dlerror();
       throw_input(cat("--plugin '", lib, "' cannot be loaded: ", why ? why : "unknown error",
-                      " (a shared library built against this ringtrain, docs/models.md)"));
+                      " (expected a shared library built against this ringtrain; "
+                      "docs/models.md#extending-in-c)"));
     }
+    if (!loaded.insert(handle).second) {
+      cancel_plugin_registrations();
+      continue;
+    }
+    // Recorded (checkpoints' `plugins`) by absolute path, so that a message can say which
+    // library to pass wherever eval or resume runs from.
+    char abs[PATH_MAX];
+    register_plugin_ops(realpath(path.c_str(), abs) ? std::string(abs) : lib);
   }
 }
 
@@ -34,6 +55,55 @@ ModelFile load_model_for_run(const std::string& model,
   f.add_layer_precision(layer_precision);
   plan_model(f);  // every error of the file now, before anything is allocated
   return f;
+}
+
+std::string plugins_used(const ModelFile& file) {
+  std::set<std::string> lines;
+  for (const PlannedNode& pn : plan_model(file).nodes)
+    if (!op_plugin(pn.op).empty()) lines.insert(cat(pn.op, "=", op_plugin(pn.op)));
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+namespace {
+
+// Input error naming the op and the library when an op of a plugin the checkpoint records
+// is not loaded (before the model text would fail as an unknown op).
+void require_plugins_loaded(const io::CheckpointMeta& meta, const std::string& path) {
+  std::istringstream plugins(meta.plugins);
+  for (std::string line; std::getline(plugins, line);) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string op = line.substr(0, eq), lib = line.substr(eq + 1);
+    RT_REQUIRE(find_op(op), "checkpoint '", path, "' holds a model with op '", op, "' of plugin '",
+               lib, "', which is not loaded; pass --plugin ", lib,
+               " (or the same library from another place)");
+  }
+}
+
+}  // namespace
+TokenInput token_input_of(const ModelPlan& plan) {
+  for (const auto& n : plan.nodes) {
+    if (n.op != "embedding" || n.inputs != std::vector<int>{-1}) continue;
+    const auto& e = n.def->embedding();
+    const bool positional = !e.has_positional() || e.positional();
+    return {true, e.vocab_size(), positional ? e.context() : 0};
+  }
+  return {};
+}
+
+TokenInput token_input_of_run(const std::string& model,
+                              const std::vector<TrainConfig::VarOverride>& vars) {
+  ModelFile f = ModelFile::load(model);
+  if (f.def().node_size() == 0 || !f.def().node(0).has_embedding()) return {};
+  for (const auto& v : vars) f.override_var(v.var, v.value, v.option);
+  // One token and two classes fit any language model; a shape or class count the file
+  // states is kept (the data is checked against it when the model is built for the run).
+  const Shape declared = f.input_shape();
+  f.set_data_shape(declared.empty() ? Shape{1} : declared, f.classes() ? f.classes() : 2,
+                   "the probe for its input");
+  return token_input_of(plan_model(f));
 }
 
 ModelFile model_from_checkpoint(const io::CheckpointMeta& meta, const std::string& path) {
@@ -56,6 +126,7 @@ LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType prec
                                        Device device, kernels::Backend& backend) {
   LoadedModel out;
   out.meta = io::read_checkpoint_meta(checkpoint);
+  require_plugins_loaded(out.meta, checkpoint);
   const ModelFile file = model_from_checkpoint(out.meta, checkpoint);
   {
     DeviceScope on_device(device);

@@ -19,9 +19,16 @@
 
 namespace ringtrain::launch {
 
-// dlopen()s each --plugin library, whose static initialisers register its ops. Input error
-// naming the file and dlerror() when one cannot be loaded. Loading one twice is harmless.
+// dlopen()s each --plugin library, whose static initialisers register its ops (held until
+// dlopen() returns: register_plugin_ops). Input error naming the file and the reason when
+// one cannot be loaded (dlerror()), registers no op, registers a name that is taken, or was
+// built against another ringtrain. Loading one twice is harmless. No collectives: callers
+// run it under agree(), so a plugin failing on one rank ends every rank with one message.
 void load_plugins(const std::vector<std::string>& libs);
+
+// The plugin libraries the model's ops come from, one "OP=LIBRARY" line per op, sorted
+// (a checkpoint's `plugins` attribute); "" when every op is built in.
+std::string plugins_used(const ModelFile& file);
 
 // The model of `train`: --model (name or file), the var overrides, --layer-precision, and
 // the data's sample shape and classes (`data` names the data in messages).
@@ -29,6 +36,19 @@ ModelFile load_model_for_run(const std::string& model,
                              const std::vector<TrainConfig::VarOverride>& vars,
                              const std::string& layer_precision, const Shape& sample,
                              int64_t classes, const std::string& data);
+
+// What a language model takes: token ids, when the model input feeds an `embedding` node;
+// `vocab` is that embedding's rows and `context` its positions (0: no positional embedding,
+// any length). A model takes images and labels otherwise.
+struct TokenInput {
+  bool takes_tokens = false;
+  int64_t vocab = 0, context = 0;
+};
+TokenInput token_input_of(const ModelPlan& plan);
+// The same for `train`'s --model and var overrides, before the data fixes the input shape:
+// a model whose first node is an embedding is planned for one token to read its limits.
+TokenInput token_input_of_run(const std::string& model,
+                              const std::vector<TrainConfig::VarOverride>& vars);
 
 // The model a checkpoint holds: its normalised model text, or (older checkpoints) its model
 // JSON mapped to the shipped file. `path` names the checkpoint in messages.
@@ -45,6 +65,8 @@ struct LoadedModel {
 
 // Reads `checkpoint`'s metadata, builds its model in `precision` on `device` and loads the
 // parameters and buffers (through host copies on a GPU); the working copy is refreshed.
+// Input error naming the op and the library when an op of a plugin the checkpoint records
+// (attribute `plugins`) is not loaded.
 // Input errors name the checkpoint. No collectives (runs under agree()).
 LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType precision,
                                        Device device, kernels::Backend& backend);

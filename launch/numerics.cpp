@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 namespace ringtrain::launch {
@@ -16,7 +17,7 @@ NumericsCheck::NumericsCheck(Model& model, kernels::Backend& backend, bool enabl
       enabled_(enabled),
       rank_(rank),
       overflows_(model.layers().size(), 0) {
-  if (const char* t = std::getenv("RINGTRAIN_TEST_INJECT_NAN")) {
+  if (const char* t = env::raw("RINGTRAIN_TEST_INJECT_NAN")) {
     char layer[128] = {0};
     long long step = 0;
     if (std::sscanf(t, "%d:%lld:%127s", &inject_rank_, &step, layer) == 3) {

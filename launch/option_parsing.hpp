@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/schedule.hpp"
+#include "nn/schedule.hpp"
 
 namespace ringtrain::launch::opts {
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "io/loader.hpp"
 #include "kernels/cuda/cuda_api.hpp"
@@ -51,7 +52,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("val-data", po::value(&c.val_data), "validation dataset, evaluated after each epoch and at the end")
       ("prefetch", value_or_default(&c.prefetch), "batches read ahead by the loader thread (0: none)")
       ("cache", po::bool_switch(&c.cache), "keep the samples this rank reads in memory for later epochs")
-      ("augment", po::value(&c.augment), "image augmentation: crop:PAD (random crop after zero padding), flip (horizontal), or crop:PAD,flip");
+      ("augment", po::value(&c.augment), "image augmentation: crop:PAD (random crop after zero padding), flip (horizontal), or crop:PAD,flip")
+      ("seq-len", value_or_default(&c.seq_len), "token data: tokens per window (0: the model's context)");
   po::options_description model("model");
   model.add_options()
       ("model", po::value(&c.model)->default_value("mlp"), "mlp | cnn | resnet (models/*.pbtxt) or a model file (docs/models.md)")
@@ -119,7 +121,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("wire-dtype", po::value(&wire), "fp32 | fp16 | bf16 gradients on the wire (default: the compute dtype)")
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
-      ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
+      ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -185,6 +187,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              "--keep-best needs --checkpoint-dir (best.h5 is kept there)");
   RT_REQUIRE((c.keep_best.empty() && c.early_stop == 0 && c.eval_every == 0) || !c.val_data.empty(),
              "--keep-best, --early-stop and --eval-every need --val-data to evaluate on");
+  RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   io::parse_augment(c.augment);  // input error now, not in the loader thread
   require_positive(ls.init_scale, "init-scale");
   require_positive(ls.min_scale, "min-scale");
@@ -251,7 +254,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   parse_step_window(c.timeline_steps);  // input error now, not after training
   RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every,
              " is not valid: must be >= 0");
-  if (const char* t = std::getenv("RINGTRAIN_TEST_STALL")) {
+  if (const char* t = env::raw("RINGTRAIN_TEST_STALL")) {
     long long step = 0;
     char point[16] = {0};
     const int got =

@@ -1,5 +1,5 @@
-// The option tables of `ringtrain eval`, `ringtrain predict` and `ringtrain export`: the
-// commands that read a checkpoint (see options.hpp).
+// The option tables of `ringtrain eval`, `predict`, `sample` and `export`: the commands that
+// read a checkpoint (see options.hpp).
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -11,6 +11,34 @@ namespace ringtrain::launch {
 
 using namespace opts;  // NOLINT: the tables are written in the helpers' vocabulary
 
+namespace {
+
+// --threads, --device and --gpu-memory, as every command that runs a checkpoint's model has
+// them, and their checks.
+po::options_description device_options(int& threads, std::string& device, std::string& gpu_memory,
+                                       const char* threads_help) {
+  po::options_description dev("device");
+  // clang-format off
+  dev.add_options()
+      ("threads", value_or_default(&threads), threads_help)
+      ("device", value_or_default(&device), "cpu | cuda")
+      ("gpu-memory", value_or_default(&gpu_memory), "cuda: grow | reserve:FRACTION");
+  // clang-format on
+  return dev;
+}
+
+void check_device_options(int threads, const std::string& device, const std::string& gpu_memory) {
+  RT_REQUIRE(threads >= 0, "--threads ", threads, " is not valid: must be >= 0");
+  RT_REQUIRE(device == "cpu" || device == "cuda", "--device '", device,
+             "' is not known; expected cpu or cuda");
+  kernels::cuda::MemoryPolicy::parse(gpu_memory);
+  RT_REQUIRE(device != "cuda" || kernels::cuda::built(),
+             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
+             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+}
+
+}  // namespace
+
 bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string* help) {
   std::string precision = "fp32";
   // clang-format off
@@ -19,17 +47,14 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
       ("checkpoint", po::value(&c.checkpoint), "checkpoint file (ckpt-*.h5); may be left out with --baselines")
       ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("data", po::value(&c.data)->required(), "dataset to evaluate on")
-      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass")
+      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass (token data: windows; default 8192 / T)")
       ("baselines", po::value(&c.baselines), "token data: also print the unigram and bigram cross-entropy on --data, counted on this training split")
       ("seq-len", value_or_default(&c.seq_len), "token data: windows of this many tokens (0: every token of the stream is a target)");
   po::options_description prec("precision");
   prec.add_options()
       ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute (the training precision is not implied)");
-  po::options_description dev("device");
-  dev.add_options()
-      ("threads", value_or_default(&c.threads), "threads per rank (0: OMP_NUM_THREADS if set, else the rank's CPU set if bound, else cores / ranks on the node)")
-      ("device", value_or_default(&c.device), "cpu | cuda")
-      ("gpu-memory", value_or_default(&c.gpu_memory), "cuda: grow | reserve:FRACTION");
+  const po::options_description dev = device_options(c.threads, c.device, c.gpu_memory,
+      "threads per rank (0: OMP_NUM_THREADS if set, else the rank's CPU set if bound, else cores / ranks on the node)");
   po::options_description obs("observability");
   obs.add_options()
       ("metrics", po::value(&c.metrics), "append an eval record to this JSON-lines file");
@@ -44,13 +69,8 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
   RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
-  RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
-  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
-             "' is not known; expected cpu or cuda");
-  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);
-  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
-             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
-             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  c.batch_size_given = !vm["batch-size"].defaulted();
+  check_device_options(c.threads, c.device, c.gpu_memory);
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);
     return false;
@@ -65,6 +85,7 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   data.add_options()
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
       ("data", po::value(&c.data)->required(), "dataset to predict (labels not needed): a file, directory or glob")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
       ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass");
   po::options_description out("output");
   out.add_options()
@@ -74,11 +95,8 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   po::options_description prec("precision");
   prec.add_options()
       ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute");
-  po::options_description dev("device");
-  dev.add_options()
-      ("threads", value_or_default(&c.threads), "threads per rank (0: as for train)")
-      ("device", value_or_default(&c.device), "cpu | cuda")
-      ("gpu-memory", value_or_default(&c.gpu_memory), "cuda: grow | reserve:FRACTION");
+  const po::options_description dev =
+      device_options(c.threads, c.device, c.gpu_memory, "threads per rank (0: as for train)");
   // clang-format on
   po::options_description desc("predict options");
   desc.add(general_options()).add(data).add(out).add(prec).add(dev).add(debug_options());
@@ -87,13 +105,45 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
   require_positive_int(vm, "top-k");
-  RT_REQUIRE(c.threads >= 0, "--threads ", c.threads, " is not valid: must be >= 0");
-  RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
-             "' is not known; expected cpu or cuda");
-  kernels::cuda::MemoryPolicy::parse(c.gpu_memory);
-  RT_REQUIRE(c.device != "cuda" || kernels::cuda::built(),
-             "--device 'cuda': this build of ringtrain has no CUDA backend (configure with "
-             "-DRINGTRAIN_CUDA=ON on a machine with nvcc, cuDNN and NCCL); use --device cpu");
+  check_device_options(c.threads, c.device, c.gpu_memory);
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
+bool parse_sample(const std::vector<std::string>& args, SampleConfig& c, std::string* help) {
+  std::string precision = "fp32";
+  // clang-format off
+  po::options_description what("sampling");
+  what.add_options()
+      ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint of a language model (ckpt-*.h5)")
+      ("prompt", po::value(&c.prompt)->required(), "text the samples continue (byte tokens; any bytes)")
+      ("tokens", po::value(&c.tokens)->required(), "new tokens per sample")
+      ("temperature", value_or_default(&c.temperature), "softmax temperature, > 0 (below 1: more conservative)")
+      ("top-k", value_or_default(&c.top_k), "draw from the K most likely tokens only (0: all)")
+      ("seed", value_or_default(&c.seed), "the same seed gives the same text")
+      ("num-samples", value_or_default(&c.num_samples), "samples to draw, shared out over the ranks")
+      ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)");
+  po::options_description prec("precision");
+  prec.add_options()
+      ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute");
+  // clang-format on
+  const po::options_description dev =
+      device_options(c.threads, c.device, c.gpu_memory, "threads per rank (0: as for train)");
+  po::options_description desc("sample options");
+  desc.add(general_options()).add(what).add(prec).add(dev).add(debug_options());
+  po::variables_map vm;
+  if (!parse("sample", desc, args, vm, help)) return false;
+  c.precision = parse_float_dtype(precision, "--precision");
+  require_positive_int(vm, "tokens");
+  require_positive_int(vm, "num-samples");
+  require_positive(c.temperature, "temperature");
+  RT_REQUIRE(c.top_k >= 0, "--top-k ", c.top_k, " is not valid: must be >= 0 (0: all tokens)");
+  RT_REQUIRE(c.seed >= 0, "--seed ", c.seed, " is not valid: must be >= 0");
+  RT_REQUIRE(!c.prompt.empty(), "--prompt is empty; give the text to continue (one byte at least)");
+  check_device_options(c.threads, c.device, c.gpu_memory);
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);
     return false;

@@ -189,6 +189,7 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
                "' must end in .h5 (logits, top-k, labels and class names) or .npy (one array)");
     const Device device = choose_device(cfg.device, comm);
     s.backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
+    load_plugins(cfg.plugins);
     s.loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *s.backend);
     s.data = std::make_unique<io::Dataset>(cfg.data, /*labels_required=*/false);
     require_data_fits(*s.loaded.model, s.data->info(), cfg.checkpoint);

@@ -197,13 +197,13 @@ void WindowReporter::end_step(const StepRecord& r) {
   const double loss = sums_.loss_sum / samples, acc = sums_.correct / samples;
   const double sps = samples / std::max(secs, 1e-9);
   const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
+  const double tps = sps * double(std::max<int64_t>(seq_len_, 1));  // tokens (or samples)/s
   char line[240];
   std::snprintf(line, sizeof line,
-                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f samples/s "
-                "ETA %s",
+                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
-                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, sps,
-                duration_str(eta).c_str());
+                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, tps,
+                seq_len_ > 0 ? "tokens" : "samples", duration_str(eta).c_str());
   console_.progress(line, double(r.step) / double(std::max<int64_t>(r.total_steps, 1)));
   maybe_inject_fault("metrics", r.step);
   const double n = double(window_steps_);
@@ -229,6 +229,7 @@ void WindowReporter::end_step(const StepRecord& r) {
                      .add("loss_scale", r.loss_scale)
                      .add("lr", r.lr)
                      .add("samples_per_sec", sps)
+                     .add("tokens_per_sec", tps)
                      .add("world_size", world_size_)
                      .add("step_s", sums_.step_s / n)
                      .add("data_wait_s", sums_.data_s / n)

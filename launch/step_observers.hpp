@@ -196,13 +196,15 @@ class HistogramObserver : public StepObserver {
 };
 
 // The steps of each --log-every window (and the last step) summed into one progress line,
-// one step record of the metrics file and TensorBoard scalars (when `tensorboard`).
+// one step record of the metrics file and TensorBoard scalars (when `tensorboard`). Token
+// data (seq_len > 0): the loss is per token already; the line gives tokens/s.
 class WindowReporter : public StepObserver {
  public:
-  WindowReporter(int64_t log_every, int64_t global_batch, int world_size, Console& console,
-                 MetricsWriter& metrics, EventWriter* tensorboard)
+  WindowReporter(int64_t log_every, int64_t global_batch, int64_t seq_len, int world_size,
+                 Console& console, MetricsWriter& metrics, EventWriter* tensorboard)
       : log_every_(log_every),
         global_batch_(global_batch),
+        seq_len_(seq_len),
         world_size_(world_size),
         console_(console),
         metrics_(metrics),
@@ -211,7 +213,7 @@ class WindowReporter : public StepObserver {
   void end_step(const StepRecord& record) override;
 
  private:
-  int64_t log_every_, global_batch_;
+  int64_t log_every_, global_batch_, seq_len_;
   int world_size_;
   Console& console_;
   MetricsWriter& metrics_;

@@ -10,6 +10,7 @@
 #include "core/rng.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
+#include "launch/model_source.hpp"
 #include "launch/signals.hpp"
 #include "ringtrain/config.hpp"
 
@@ -114,22 +115,32 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
     return;
   }
   // --zero 1: the shard's part of each bucket, in bucket order; the communication thread
-  // all-gathers a bucket's fp32 masters while the next bucket is updated.
+  // all-gathers a bucket's working weights (fp16/bf16: written by the optimizer in the same
+  // pass; fp32: the masters themselves) while the next bucket is updated, from the last
+  // bucket (the first layers) to bucket 0, then the fp32 copy of the parameters layers
+  // read in fp32.
   const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
-  const Tensor master = model_->master().slice(lo, {n}), grad = shard_grad();
+  const bool mixed = model_->masters_sharded();
+  const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
+  const Tensor grad = shard_grad(), work_shard = work.slice(lo, {n});
   optimizer_->begin_step(float(lr_));
-  reducer_->start_gather(model_->master());
+  std::vector<int64_t> fp32_counts;
+  if (mixed)
+    for (int r = 0; r < comm_.size(); ++r)
+      fp32_counts.push_back(model_->fp32_count_in(shards_.begin(r), shards_.end(r)));
+  reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), std::move(fp32_counts));
   observers_.before(Phase::gather, step);
   const auto& buckets = reducer_->buckets();
-  for (size_t b = 0; b < buckets.size(); ++b) {
+  for (size_t b = buckets.size(); b-- > 0;) {  // the reducer gathers the last bucket first
     const int64_t a = std::max(lo, buckets[b].offset);
     const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
-    if (a < e) optimizer_->update(*backend_, master, grad, nullptr, a - lo, e - lo);
+    if (a < e)
+      optimizer_->update(*backend_, master, grad, mixed ? &work_shard : nullptr, a - lo, e - lo);
+    if (mixed && b == 0) model_->copy_shard_to_fp32();  // gathered after bucket 0
     reducer_->gather_ready(b);
   }
   const auto t_update = Clock::now();
   reducer_->finish_gather();
-  model_->refresh_working_copy(*backend_);  // fp16/bf16: the gathered masters, cast
   observers_.after(Phase::optimizer, step, t_opt, t_update);
   observers_.after(Phase::gather, step, t_update, Clock::now());
 }
@@ -225,6 +236,7 @@ void Trainer::save_checkpoint() {
     m.precision = dtype_name(cfg_.precision);
     m.model = model_->text();
     m.ringtrain_version = RINGTRAIN_VERSION;
+    m.plugins = plugins_used(*model_file_);
     m.data_epoch = loader_->epoch();
     m.data_position = loader_->position();
     m.loss_scale = scaler_->scale();
@@ -232,11 +244,13 @@ void Trainer::save_checkpoint() {
     m.optimizer = optimizer_->name();
     m.optimizer_step = optimizer_->steps();
     m.seed = int64_t(cfg_.seed);
-    const auto& info = data_->info();
-    m.input_mean = info.has_norm ? info.mean : 0.0;
-    m.input_std = info.has_norm ? info.std : 1.0;
-    m.input_channel_mean = info.channel_mean;
-    m.input_channel_std = info.channel_std;
+    if (data_) {  // token ids take no normalisation
+      const auto& info = data_->info();
+      m.input_mean = info.has_norm ? info.mean : 0.0;
+      m.input_std = info.has_norm ? info.std : 1.0;
+      m.input_channel_mean = info.channel_mean;
+      m.input_channel_std = info.channel_std;
+    }
     m.grad_accum = grad_accum_;
     m.best_value = best_value_;
     m.best_step = best_step_;
@@ -245,7 +259,7 @@ void Trainer::save_checkpoint() {
     if (host_) host_->download();  // cuda: the store writes host memory
     const uint64_t bytes =
         host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
-              : store_->save(comm_.mpi(), m, master_views(*model_), optimizer_views(), {},
+              : store_->save(comm_.mpi(), m, param_views(), optimizer_views(), {},
                              buffer_views(*model_));
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (comm_.rank() == 0)
@@ -262,36 +276,53 @@ void Trainer::save_checkpoint() {
 }
 
 bool Trainer::run_eval() {
-  if (!val_) return false;
+  if (!val_ && !val_tokens_) return false;
   last_eval_step_ = step_;
   sync_buffers();
   // Collective (its sums): an error in it ends the job from the rank that saw it.
-  const EvalResult r =
-      evaluate(*model_, *val_, comm_, *backend_, std::max<int64_t>(256, micro_batch_), norm_);
-  char line[200];
-  std::snprintf(line, sizeof line,
-                "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
-                static_cast<long long>(step_), r.loss, r.accuracy,
-                static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
+  // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
+  const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
+  const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
+                                   : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
+  char line[240];
+  // -1: not byte tokens (no bits/byte)
+  const double bits = val_tokens_ ? bits_per_byte(val_tokens_->info(), r.loss).value_or(-1) : -1;
+  if (val_tokens_) {
+    char bpb[40] = "";
+    if (bits >= 0) std::snprintf(bpb, sizeof bpb, " (%.4f bits/byte)", bits);
+    std::snprintf(line, sizeof line,
+                  "eval step %lld: val loss %.4f nats/token%s accuracy %.4f (%lld windows of "
+                  "%lld tokens, computed in %s)",
+                  static_cast<long long>(step_), r.loss, bpb, r.accuracy,
+                  static_cast<long long>(r.samples), static_cast<long long>(val_tokens_->seq_len()),
+                  dtype_name(model_->compute_dtype()));
+  } else {
+    std::snprintf(line, sizeof line,
+                  "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
+                  static_cast<long long>(step_), r.loss, r.accuracy,
+                  static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
+  }
   say(line);
   if (tensorboard_) {
     tensorboard_->scalar("val/loss", step_, r.loss);
     tensorboard_->scalar("val/accuracy", step_, r.accuracy);
     tensorboard_->flush();
   }
-  metrics_.write(JsonLine()
-                     .add("type", "eval")
-                     .add("step", step_)
-                     .add("split", "val")
-                     .add("loss", r.loss)
-                     .add("accuracy", r.accuracy)
-                     .add("precision", dtype_name(model_->compute_dtype())));
+  JsonLine record;
+  record.add("type", "eval")
+      .add("step", step_)
+      .add("split", "val")
+      .add("loss", r.loss)
+      .add("accuracy", r.accuracy)
+      .add("precision", dtype_name(model_->compute_dtype()));
+  if (val_tokens_) record.add("tokens", r.tokens);
+  if (bits >= 0) record.add("bits_per_byte", bits);
+  metrics_.write(record);
   track_best(r.loss, r.accuracy);
   return true;
 }
 
 int Trainer::run() {
-  const auto& info = data_->info();
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
           " node(s), device ", device_str(device_), ", ", backend_->threads(),
           " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
@@ -302,11 +333,17 @@ int Trainer::run() {
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
           device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
           "; ", memory_report()));
-  say(cat("data '", info.path, "': ", info.num_samples, " samples of ",
-          shape_str(info.sample_shape), ", ", info.num_classes, " classes; model '",
-          model_file_->name(), "' (", model_file_->origin(), ") with ", model_->layers().size(),
-          " nodes, ", model_->num_params(), " parameters; ", loader_->steps_per_epoch(),
-          " steps/epoch, ", total_steps_, " steps"));
+  const std::string data_line =
+      tokens_
+          ? cat("data '", tokens_->info().path, "': ", tokens_->info().num_tokens,
+                " tokens (vocabulary ", tokens_->info().vocab_size, ", tokenizer '",
+                tokens_->info().tokenizer, "'), ", loader_->num_samples(), " windows of ",
+                tokens_->seq_len(), " tokens, ", global_batch_ * tokens_->seq_len(), " tokens/step")
+          : cat("data '", data_->info().path, "': ", data_->info().num_samples, " samples of ",
+                shape_str(data_->info().sample_shape), ", ", data_->info().num_classes, " classes");
+  say(cat(data_line, "; model '", model_file_->name(), "' (", model_file_->origin(), ") with ",
+          model_->layers().size(), " nodes, ", model_->num_params(), " parameters; ",
+          loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
   announce_device(device_, cfg_.precision, comm_);
   write_start_record();
@@ -351,7 +388,7 @@ int Trainer::run() {
       return 75;
     }
     // Evaluation first: a checkpoint of this step then carries its verdict (best, patience).
-    const bool epoch_done = loader_->position() + global_batch_ > info.num_samples;
+    const bool epoch_done = loader_->position() + global_batch_ > loader_->num_samples();
     if (step_ < total_steps_) eval_if_due(epoch_done);
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || out.save_due)
       save_checkpoint();

@@ -9,10 +9,10 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
-#include "core/schedule.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
+#include "io/tokens.hpp"
 #include "launch/config.hpp"
 #include "launch/console.hpp"
 #include "launch/device.hpp"
@@ -25,6 +25,7 @@
 #include "nn/model.hpp"
 #include "nn/model_file.hpp"
 #include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
 
 namespace ringtrain::launch {
 
@@ -60,8 +61,29 @@ class Trainer {
   int64_t grad_accum() const { return grad_accum_; }
   double lr() const { return lr_; }  // of the last step taken
 
+  // What a rank holds, in bytes: fp32 masters (--zero 1: its shard; in fp32 that shard is
+  // part of the working weights), optimizer state, working weights (fp32 with --zero 1: the
+  // all-gathered full copy; 0 without: the masters themselves), the full fp32 copy of the
+  // parameters layers read in fp32 (fp16/bf16 with --zero 1), gradients (compute dtype, fp32
+  // shard or whole, wire buffer).
+  struct MemoryUse {
+    int64_t masters = 0, optimizer = 0, work = 0, fp32_read = 0, grads = 0;
+  };
+  MemoryUse memory_use() const;
+  // Bytes a rank sends per step under the ring model (nccl-tests' bus bytes): the
+  // allreduce 2(W-1)/W x S, or under --zero 1 reduce-scatter and all-gather (W-1)/W x S each
+  // (S: the buffer in the wire and the working dtype), plus the fp32-read parameters'
+  // all-gather.
+  struct WireBytes {
+    double reduce = 0, gather = 0, gather_fp32 = 0;
+  };
+  WireBytes wire_bytes() const;
+
  private:
   void setup();
+  // The training (and validation) data of the kind the model takes: its sample shape and
+  // classes ([T] and the vocabulary for token data) for the model file.
+  std::pair<Shape, int64_t> setup_data();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
   // The loader of global batch G in micro-batches of G / (ranks x grad_accum) per rank, and
@@ -109,7 +131,15 @@ class Trainer {
   void apply_update(int64_t step, double sum_sq);
   // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
   Tensor shard_grad() const;
-  std::string memory_report() const;  // bytes per rank of the training state
+  std::string memory_report() const;  // bytes per rank of the training state and the wire
+  // --zero 1: the parameters' parts of this rank's shard of `shard` (a flat fp32 tensor of
+  // the shard's size), as the checkpoint's full-shape datasets name them.
+  std::vector<io::NamedTensor> shard_views(const Tensor& shard) const;
+  // The fp32 masters as the checkpoint names them: master_views(), or its shard's parts.
+  std::vector<io::NamedTensor> param_views() const;
+  // --zero 1 after a resume read each rank's shard: every rank's full working weights (and
+  // the fp32-read parameters) from all shards. Collective.
+  void gather_weights();
 
   // The recipe's loop parts (trainer_recipe.cpp).
   void eval_if_due(bool epoch_done);              // --eval-every and epoch ends (not twice a step)
@@ -130,10 +160,11 @@ class Trainer {
   comm::Communicator& comm_;
   Device device_;  // cpu, or this rank's GPU (--device cuda): see launch/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<kernels::Backend> wire_backend_;  // cuda: the wire-dtype casts of buckets
-  BatchStage stage_batch_;                          // cuda: the batch uploaded
-  std::unique_ptr<HostMirror> host_;                // cuda: host copies for checkpoints
-  std::unique_ptr<io::Dataset> data_, val_;
+  std::unique_ptr<kernels::Backend> wire_backend_;         // cuda: the wire-dtype casts of buckets
+  BatchStage stage_batch_;                                 // cuda: the batch uploaded
+  std::unique_ptr<HostMirror> host_;                       // cuda: host copies for checkpoints
+  std::unique_ptr<io::Dataset> data_, val_;                // image data, or
+  std::unique_ptr<io::TokenDataset> tokens_, val_tokens_;  // token data (a language model)
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
   std::unique_ptr<Model> model_;

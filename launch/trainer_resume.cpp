@@ -54,7 +54,8 @@ std::string Trainer::choose_checkpoint() {
   // datasets) is renamed aside, never deleted, with a warning: it is not chosen again,
   // and pruning by step number cannot prefer it over new checkpoints.
   std::vector<io::NamedTensor> expected;  // every dataset a resume reads, with its shape
-  for (const auto& p : master_views(*model_)) expected.push_back({"params/" + p.name, p.tensor});
+  for (const auto& p : param_views())
+    expected.push_back({"params/" + p.name, p.tensor, p.full_shape});
   for (const auto& b : buffer_views(*model_)) expected.push_back({"buffers/" + b.name, b.tensor});
   for (const auto& s : optimizer_views())
     for (const auto& p : s.per_param)
@@ -105,9 +106,15 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   micro_batch_ = global_batch_ / (comm_.size() * grad_accum_);
   // The loader hands out this rank's whole slice of the global batch; the step cuts it into
   // grad_accum micro-batches, so the samples of a step do not depend on ranks or K.
-  loader_ =
-      std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
-                                   norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
+  if (tokens_) {
+    RT_REQUIRE(cfg_.augment.empty(), "--augment is for images; token data takes none");
+    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, comm_.rank(),
+                                           comm_.size(), cfg_.prefetch);
+  } else {
+    loader_ =
+        std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
+                                     norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
+  }
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
   lr_ = double(float(schedule_->lr(0)));
@@ -135,7 +142,8 @@ void Trainer::start_from(const std::string& path) {
                                 : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
   if (path.empty()) {  // the constructor broadcasts rank 0's parameters afterwards
     make_loader(requested, cfg_.grad_accum);
-    if (comm_.rank() == 0) model_->init_parameters(cfg_.seed, *backend_);
+    if (comm_.rank() == 0 || model_->masters_sharded())
+      model_->init_parameters(cfg_.seed, *backend_);
     return;
   }
   const io::CheckpointMeta m = io::read_checkpoint_meta(path);
@@ -166,7 +174,7 @@ void Trainer::start_from(const std::string& path) {
     io::read_checkpoint_optimizer(path, host_->optimizer);
     host_->upload();
   } else {
-    io::read_checkpoint_params(path, master_views(*model_));
+    io::read_checkpoint_params(path, param_views());  // --zero 1: this rank's shard
     io::read_checkpoint_buffers(path, buffer_views(*model_));
     io::read_checkpoint_optimizer(path, optimizer_views());
   }

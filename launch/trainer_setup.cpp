@@ -31,11 +31,14 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   agree(comm_, [&] { start_from(path); });
-  if (path.empty()) {  // a fresh start: rank 0's initial parameters are every rank's
+  if (path.empty() && !model_->masters_sharded()) {
+    // A fresh start: rank 0's initial parameters are every rank's. (Sharded masters: every
+    // rank drew the same values and kept its shard.)
     comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
-    sync_buffers();
     model_->refresh_working_copy(*backend_);
   }
+  if (path.empty()) sync_buffers();
+  if (!path.empty() && !shards_.empty()) gather_weights();  // each rank read its shard
   add_observers();
 }
 
@@ -62,22 +65,51 @@ void Trainer::sync_buffers() {
     comm_.broadcast(model_->state().data, model_->num_buffer_elems(), DType::f32, 0);
 }
 
+std::vector<io::NamedTensor> Trainer::shard_views(const Tensor& shard) const {
+  std::vector<io::NamedTensor> views;
+  const int64_t begin = shards_.begin(comm_.rank()), end = shards_.end(comm_.rank());
+  for (const auto& p : model_->params()) {
+    // This rank's part of the parameter (possibly none), at its shard offset.
+    const int64_t lo = std::max(p.offset, begin);
+    const int64_t hi = std::max(lo, std::min(p.offset + shape_numel(p.shape), end));
+    views.push_back({p.name, shard.slice(lo - begin, {hi - lo}), p.shape, lo - p.offset});
+  }
+  return views;
+}
+
+std::vector<io::NamedTensor> Trainer::param_views() const {
+  if (shards_.empty()) return master_views(*model_);
+  // fp32: the masters are whole (they are the working weights) and the shard is a slice.
+  const Tensor m = model_->master();
+  return shard_views(model_->masters_sharded()
+                         ? m
+                         : m.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())}));
+}
+
+void Trainer::gather_weights() {
+  const auto counts = shards_.counts_in(0, model_->num_params());
+  if (!model_->masters_sharded()) {  // fp32: the masters are the working weights
+    comm_.allgatherv(model_->master().data, counts, DType::f32);
+    return;
+  }
+  comm_.allgatherv(model_->work().data, counts, model_->work().dtype);
+  const Tensor f = model_->fp32_copy();
+  if (f.numel() == 0) return;
+  std::vector<int64_t> fc;
+  for (int r = 0; r < comm_.size(); ++r)
+    fc.push_back(model_->fp32_count_in(shards_.begin(r), shards_.end(r)));
+  comm_.allgatherv(f.data, fc, DType::f32);
+}
+
 std::vector<io::OptimizerState> Trainer::optimizer_views() const {
   std::vector<io::OptimizerState> states;
   for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
     io::OptimizerState st{optimizer_->state_names()[s], {}};
-    for (auto& p : model_->params()) {
-      if (shards_.empty()) {
+    if (shards_.empty()) {
+      for (auto& p : model_->params())
         st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
-        continue;
-      }
-      // --zero 1: this rank's part of the parameter (possibly none), at its shard offset.
-      const int64_t lo = std::max(p.offset, shards_.begin(comm_.rank()));
-      const int64_t hi =
-          std::max(lo, std::min(p.offset + p.master.numel(), shards_.end(comm_.rank())));
-      st.per_param.push_back(
-          {p.name, optimizer_->state(s).slice(lo - shards_.begin(comm_.rank()), {hi - lo}), p.shape,
-           lo - p.offset});
+    } else {
+      st.per_param = shard_views(optimizer_->state(s));
     }
     states.push_back(std::move(st));
   }
@@ -87,33 +119,24 @@ std::vector<io::OptimizerState> Trainer::optimizer_views() const {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
-  // The models here take images: token data is named as such, not as a damaged dataset.
-  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), io::DataKind::images,
-                        cat("model '", cfg_.model, "'"));
-  data_ = std::make_unique<io::Dataset>(cfg_.data);
-  const auto& info = data_->info();
-  if (!cfg_.val_data.empty()) {
-    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), io::DataKind::images,
-                          cat("model '", cfg_.model, "'"));
-    val_ = std::make_unique<io::Dataset>(cfg_.val_data);
-    RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
-               "' has samples of shape ", shape_str(val_->info().sample_shape), " but --data has ",
-               shape_str(info.sample_shape));
-  }
-  norm_ = io::normalization_of(info);
+  load_plugins(cfg_.plugins);  // their ops may be the model's first node
+  const auto [sample, classes] = setup_data();
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
-  if (cfg_.cache) data_->enable_cache();
+  if (cfg_.cache && data_) data_->enable_cache();
 
-  load_plugins(cfg_.plugins);
   model_file_ = std::make_unique<ModelFile>(
-      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, info.sample_shape,
-                         info.num_classes, cat("--data '", cfg_.data, "'")));
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
+                         cat("--data '", cfg_.data, "'")));
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
   if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
+  // --zero 1 in fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32
+  // copy is needed anyway as the working weights, and the shard is a slice of it).
+  if (cfg_.zero && cfg_.precision != DType::f32 && device_.kind == Device::cpu)
+    model_->shard_masters(shards_.begin(comm_.rank()), shards_.end(comm_.rank()));
   optimizer_ = make_optimizer(cfg_.optimizer,
                               cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
   set_decay_groups();
@@ -126,9 +149,8 @@ void Trainer::setup() {
   scaler_ = std::make_unique<LossScaler>(ls);
   if (!cfg_.checkpoint_dir.empty())
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
-  RT_REQUIRE(!val_ || val_->info().num_classes <= info.num_classes, "--val-data '", cfg_.val_data,
-             "' has ", val_ ? val_->info().num_classes : 0, " classes but the model predicts ",
-             info.num_classes);
+  RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
+             val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
   // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
@@ -153,13 +175,53 @@ void Trainer::setup() {
   if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
 }
 
+std::pair<Shape, int64_t> Trainer::setup_data() {
+  // The model says which kind of data it takes (an embedding first: token ids); the data
+  // of the other kind is named as such, not as a damaged dataset.
+  const TokenInput lm = token_input_of_run(cfg_.model, cfg_.model_vars);
+  const io::DataKind want = lm.takes_tokens ? io::DataKind::tokens : io::DataKind::images;
+  const std::string who = cat("model '", cfg_.model, "'");
+  io::require_data_kind(cfg_.data, io::data_kind_of(cfg_.data), want, who);
+  if (!cfg_.val_data.empty())
+    io::require_data_kind(cfg_.val_data, io::data_kind_of(cfg_.val_data), want, who);
+  if (!lm.takes_tokens) {
+    RT_REQUIRE(cfg_.seq_len == 0, "--seq-len ", cfg_.seq_len, " is for token data; ", who,
+               " takes images and labels");
+    data_ = std::make_unique<io::Dataset>(cfg_.data);
+    const auto& info = data_->info();
+    if (!cfg_.val_data.empty()) {
+      val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+      RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
+                 "' has samples of shape ", shape_str(val_->info().sample_shape),
+                 " but --data has ", shape_str(info.sample_shape));
+    }
+    norm_ = io::normalization_of(info);
+    return {info.sample_shape, info.num_classes};
+  }
+  // Windows of T tokens, T = --seq-len or the model's context; the vocabulary must fit the
+  // embedding and every shard (training and validation) must hold a window.
+  tokens_ = std::make_unique<io::TokenDataset>(cfg_.data);
+  const int64_t t = cfg_.seq_len ? cfg_.seq_len : lm.context;
+  RT_REQUIRE(t > 0, "--seq-len is needed: ", who, " has no positional embedding to take ",
+             "its length from");
+  const int64_t context = lm.context ? lm.context : t;
+  io::require_tokens_fit_model(tokens_->info(), t, lm.vocab, context, cfg_.model);
+  tokens_->set_seq_len(t);
+  if (!cfg_.val_data.empty()) {
+    val_tokens_ = std::make_unique<io::TokenDataset>(cfg_.val_data);
+    io::require_tokens_fit_model(val_tokens_->info(), t, lm.vocab, context, cfg_.model);
+    val_tokens_->set_seq_len(t);
+  }
+  return {{t}, tokens_->info().vocab_size};
+}
+
 void Trainer::set_decay_groups() {
   // --zero 1: each parameter's part of this rank's shard, in the shard's index space.
   const int64_t lo = shards_.empty() ? 0 : shards_.begin(comm_.rank());
   const int64_t hi = shards_.empty() ? model_->num_params() : shards_.end(comm_.rank());
   std::vector<DecayRange> ranges;
   for (const auto& p : model_->params()) {
-    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.master.numel());
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + shape_numel(p.shape));
     if (a < b) ranges.push_back({a - lo, b - a, cfg_.decay_all || p.decay});
   }
   optimizer_->set_decay_ranges(std::move(ranges));
@@ -170,18 +232,55 @@ Tensor Trainer::shard_grad() const {
   return grad32_.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
 }
 
-std::string Trainer::memory_report() const {
+Trainer::MemoryUse Trainer::memory_use() const {
   const int64_t p = model_->num_params(), es = int64_t(dtype_size(cfg_.precision));
-  const int64_t masters = p * 4;  // full: every layer reads them (fp32 layers, biases)
-  const int64_t work = cfg_.precision == DType::f32 ? 0 : p * es;
-  const int64_t opt = optimizer_->state_bytes();
+  const bool fp32 = cfg_.precision == DType::f32;
+  MemoryUse m;
+  // The buffers as allocated: in fp32 the masters are the working weights, whole; --zero 1
+  // counts its shard of them as masters and the rest as working weights.
+  m.masters = fp32 && !shards_.empty() ? shards_.count(comm_.rank()) * 4
+                                       : int64_t(model_->master().bytes());
+  m.work = fp32 ? (shards_.empty() ? 0 : int64_t(model_->master().bytes()) - m.masters)
+                : int64_t(model_->work().bytes());
+  m.fp32_read = int64_t(model_->fp32_copy().bytes());
+  m.optimizer = optimizer_->state_bytes();
   const DType wire = reducer_->result().dtype;
-  const int64_t grads = p * es + (cfg_.precision == DType::f32 ? 0 : grad32_.numel() * 4) +
-                        (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
-  return cat("memory/rank: masters ", masters, " B, optimizer state ", opt, " B",
-             cfg_.zero ? cat(" (shard of ", shards_.count(comm_.rank()), " of ", p, ")") : "",
-             ", working weights ", work, cfg_.precision == DType::f32 ? " B (the masters)" : " B",
-             ", gradients ", grads, " B; --zero ", cfg_.zero);
+  m.grads = p * es + (fp32 ? 0 : grad32_.numel() * 4) +
+            (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
+  return m;
+}
+
+Trainer::WireBytes Trainer::wire_bytes() const {
+  const double w = comm_.size(), f = (w - 1) / w;
+  const double p = double(model_->num_params());
+  WireBytes b;
+  const double wire = double(dtype_size(reducer_->result().dtype));
+  if (shards_.empty()) {
+    b.reduce = 2 * f * p * wire;
+    return b;
+  }
+  b.reduce = f * p * wire;
+  b.gather = f * p * double(dtype_size(model_->work().dtype));
+  b.gather_fp32 = f * double(model_->fp32_copy().numel()) * 4;
+  return b;
+}
+
+std::string Trainer::memory_report() const {
+  const MemoryUse m = memory_use();
+  const bool fp32 = cfg_.precision == DType::f32;
+  const WireBytes b = wire_bytes();
+  return cat(
+      "memory/rank: masters ", m.masters, " B",
+      cfg_.zero ? cat(" (shard of ", shards_.count(comm_.rank()), " of ", model_->num_params(), ")")
+                : "",
+      ", optimizer state ", m.optimizer, " B, working weights ", m.work,
+      fp32 ? (shards_.empty() ? " B (the masters)" : " B (the all-gathered rest)") : " B",
+      m.fp32_read > 0 ? cat(" + fp32-read parameters ", m.fp32_read, " B") : "", ", gradients ",
+      m.grads, " B; --zero ", cfg_.zero, "; wire/step/rank: ",
+      shards_.empty()
+          ? cat("allreduce ", int64_t(b.reduce), " B")
+          : cat("reduce-scatter ", int64_t(b.reduce), " B + all-gather ", int64_t(b.gather), " B",
+                b.gather_fp32 > 0 ? cat(" + fp32-read ", int64_t(b.gather_fp32), " B") : ""));
 }
 
 void Trainer::make_reducer() {
@@ -211,7 +310,7 @@ void Trainer::make_reducer() {
     rc.stall_timeout_s = 0;
   }
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& p : model_->params()) ranges.push_back({p.offset, p.master.numel()});
+  for (const auto& p : model_->params()) ranges.push_back({p.offset, shape_numel(p.shape)});
   std::vector<size_t> layer_of(ranges.size());
   for (size_t l = 0; l < model_->layer_params().size(); ++l) {
     const auto [first, count] = model_->layer_params()[l];
@@ -241,7 +340,8 @@ void Trainer::add_observers() {
   if (tensorboard_ && cfg_.histogram_every > 0 && !sharded)
     observers_.add(
         std::make_unique<HistogramObserver>(*model_, grad32_, cfg_.histogram_every, *tensorboard_));
-  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_, comm_.size(),
+  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
+                                                  tokens_ ? tokens_->seq_len() : 0, comm_.size(),
                                                   console_, metrics_, tensorboard_.get()));
   node_hooks_ = observers_.layer_hooks();
   reduce_hooks_ = node_hooks_;

@@ -28,6 +28,51 @@ std::optional<DType> parse_precision(const std::string& v) {
   return std::nullopt;
 }
 
+// A plugin op's attributes against the names and kinds it registered, each error at the
+// attribute's own location (or the node's, for one a `set` added).
+void check_attrs(const ModelFile& file, const std::string& op, const std::vector<AttrSpec>& specs,
+                 const graph::Raw& raw) {
+  const auto& attrs = raw.def->custom().attr();
+  const auto& written = raw.source->custom().attr();
+  auto kind_name = [](AttrKind k) {
+    switch (k) {
+      case AttrKind::integer:
+        return "an integer (int_value)";
+      case AttrKind::real:
+        return "a number (float_value or int_value)";
+      case AttrKind::string:
+        return "a string (string_value)";
+      case AttrKind::int_list:
+        return "a list of integers (int_list)";
+    }
+    return "";
+  };
+  for (int k = 0; k < attrs.size(); ++k) {
+    const pb::Attr& a = attrs[k];
+    const std::string loc = k < written.size() ? file.where(written[k]) : file.where(*raw.source);
+    const auto spec = std::find_if(specs.begin(), specs.end(),
+                                   [&](const AttrSpec& s) { return s.name == a.name(); });
+    if (spec == specs.end()) {
+      std::string names;
+      for (const auto& s : specs) names += (names.empty() ? "" : ", ") + s.name;
+      graph::fail_at(loc, raw.name,
+                     cat("op '", op, "' has no attribute '", a.name(),
+                         "' (its attributes: ", names.empty() ? "none" : names, ")"));
+    }
+    for (int j = 0; j < k; ++j)
+      if (attrs[j].name() == a.name())
+        graph::fail_at(loc, raw.name, cat("attribute '", a.name(), "' is given twice"));
+    const bool ok = (spec->kind == AttrKind::integer && a.has_int_value()) ||
+                    (spec->kind == AttrKind::real && (a.has_float_value() || a.has_int_value())) ||
+                    (spec->kind == AttrKind::string && a.has_string_value()) ||
+                    (spec->kind == AttrKind::int_list && a.has_int_list());
+    if (!ok)
+      graph::fail_at(
+          loc, raw.name,
+          cat("attribute '", a.name(), "' of op '", op, "' needs ", kind_name(spec->kind)));
+  }
+}
+
 }  // namespace
 
 ModelPlan plan_model(const ModelFile& file) {
@@ -169,6 +214,7 @@ ModelPlan plan_model(const ModelFile& file) {
                          : op->max_inputs == op->min_inputs ? ""
                                                             : cat(" to ", op->max_inputs),
                          " input(s), got ", n_in));
+    if (pn.def->has_custom()) check_attrs(file, pn.op, op_attrs(pn.op), raw);
     const OpNode on{*pn.def, pn.name, pn.input_shapes};
     try {
       pn.out = op->infer(on);

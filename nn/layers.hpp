@@ -48,6 +48,9 @@ struct ParamSpec {
   // biases and normalisation parameters, the usual decay groups); a model file's
   // `weight_decay` and --decay-all override it.
   bool decay = true;
+  // The layer reads this parameter from the fp32 masters whatever the compute dtype (biases
+  // and normalisation parameters): ZeRO-1 in fp16/bf16 keeps a full fp32 copy of these only.
+  bool reads_fp32 = false;
 };
 
 struct Param {
@@ -57,10 +60,13 @@ struct Param {
   int64_t fan_in = 1, fan_out = 1;  // for the initialisation
   Init init = Init::fan_in_uniform;
   double std = 0;
-  bool decay = true;  // weight decay applies (ParamSpec::decay unless the model file says)
-  Tensor master;      // fp32
-  Tensor work;        // compute dtype (aliases master in fp32)
-  Tensor grad;        // compute dtype
+  bool decay = true;        // weight decay applies (ParamSpec::decay unless the model file says)
+  bool reads_fp32 = false;  // ParamSpec::reads_fp32
+  // fp32: the whole parameter; with sharded masters (Model::shard_masters) a full-size copy
+  // for parameters read in fp32 and empty for the others.
+  Tensor master;
+  Tensor work;  // compute dtype (aliases master in fp32)
+  Tensor grad;  // compute dtype
 };
 
 // Non-trainable fp32 state saved in checkpoints as /buffers/<layer>.<name>.

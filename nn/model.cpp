@@ -53,6 +53,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
         s->node = n;
         s->param.name = name;
         s->param.shape = ps.shape;
+        s->param.reads_fp32 = ps.reads_fp32;
         pd.binds.push_back({true, shared_.size()});
         shared_.push_back(std::move(s));
         continue;
@@ -70,6 +71,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
           p.std = o.std;
         }
       p.decay = node.decay.value_or(ps.decay);
+      p.reads_fp32 = ps.reads_fp32;
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       pd.binds.push_back({false, params_.size()});
@@ -100,6 +102,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     if (!bs.empty()) layer->bind_buffers(std::move(bs));
   }
   master_ = Buffer(size_t(num_params_) * 4);
+  master_count_ = num_params_;
   if (compute_ != DType::f32) work_ = Buffer(size_t(num_params_) * dtype_size(compute_));
   grad_ = Buffer(size_t(num_params_) * dtype_size(compute_));
   const Tensor m = master(), w = work(), g = grad();
@@ -192,7 +195,94 @@ void draw(const Param& p, uint64_t seed, const Tensor& dst) {
 
 }  // namespace
 
+void Model::shard_masters(int64_t lo, int64_t hi) {
+  RT_CHECK(compute_ != DType::f32 && !sharded_ && 0 <= lo && lo <= hi && hi <= num_params_,
+           "sharding the masters of ", num_params_, " parameters in ", dtype_name(compute_),
+           " to [", lo, ", ", hi, ")");
+  // Which parameters a layer reads in fp32: its own declared so, or all of a layer whose
+  // dtype is overridden (Layer::weights reads the masters for those); a shared parameter
+  // counts for its owner.
+  std::vector<char> needed(params_.size(), 0);
+  for (size_t n = 0; n < layers_.size(); ++n) {
+    const bool other_dtype = layers_[n]->has_dtype_override();
+    const auto [first, count] = layer_params_[n];
+    for (size_t i = first; i < first + count; ++i)
+      needed[i] = needed[i] || params_[i].reads_fp32 || other_dtype;
+  }
+  for (const auto& s : shared_)
+    needed[s->owner] =
+        needed[s->owner] || s->param.reads_fp32 || layers_[s->node]->has_dtype_override();
+  fp32_segments_.clear();
+  fp32_count_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!needed[i]) continue;
+    const int64_t n = shape_numel(params_[i].shape);
+    fp32_segments_.push_back({params_[i].offset, n, fp32_count_});
+    fp32_count_ += n;
+  }
+  // The values so far (zero or initialised) move into the shard and the region.
+  const Device dev = master_.device();
+  Buffer shard(size_t(hi - lo) * 4, dev);
+  copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev, size_t(hi - lo) * 4);
+  fp32_ = Buffer(size_t(fp32_count_) * 4, dev);
+  for (const auto& s : fp32_segments_)
+    copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
+               static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
+  master_ = std::move(shard);
+  master_lo_ = lo;
+  master_count_ = hi - lo;
+  sharded_ = true;
+  size_t next = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].master =
+        needed[i] ? fp32_copy().slice(fp32_segments_[next++].at, params_[i].shape) : Tensor();
+  for (auto& s : shared_) s->param.master = params_[s->owner].master;
+}
+
+int64_t Model::fp32_count_in(int64_t lo, int64_t hi) const {
+  int64_t n = 0;
+  for (const auto& s : fp32_segments_)
+    n += std::max<int64_t>(0, std::min(hi, s.flat + s.count) - std::max(lo, s.flat));
+  return n;
+}
+
+void Model::copy_shard_to_fp32() {
+  const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
+  const Device dev = master_.device();
+  for (const auto& s : fp32_segments_) {
+    const int64_t a = std::max(lo, s.flat), b = std::min(hi, s.flat + s.count);
+    if (a < b)
+      copy_bytes(static_cast<float*>(fp32_.data()) + s.at + (a - s.flat), dev,
+                 static_cast<float*>(master_.data()) + (a - lo), dev, size_t(b - a) * 4);
+  }
+}
+
+void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
+  // Every rank draws each parameter whole (the same values on every rank: one stream per
+  // name) and keeps its shard of the masters, the working copy and the fp32 region, so no
+  // broadcast is needed and no full fp32 buffer is ever held. On the host only.
+  RT_CHECK(master_.device().kind == Device::cpu, "sharded masters live on the host");
+  const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
+  std::vector<float> v;
+  size_t next = 0;
+  for (const Param& p : params_) {
+    const int64_t n = shape_numel(p.shape);
+    v.resize(size_t(n));
+    const Tensor t(v.data(), p.shape, DType::f32, Device{});
+    draw(p, seed, t);
+    backend.cast(t, p.work);
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
+    if (a < b)
+      std::copy(v.data() + (a - p.offset), v.data() + (b - p.offset),
+                master().as<float>() + (a - lo));
+    if (next < fp32_segments_.size() && fp32_segments_[next].flat == p.offset)
+      std::copy(v.begin(), v.end(), fp32_copy().as<float>() + fp32_segments_[next++].at);
+  }
+  for (StateBuffer& b : buffers_) fill(b.value, b.init);
+}
+
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
+  if (sharded_) return init_sharded(seed, backend);
   // The values are drawn on the host. Device buffers are filled through host staging
   // copies and uploaded whole; on the host, `m` and `s` are the buffers themselves.
   const bool on_host = master_.device().kind == Device::cpu;
@@ -226,7 +316,9 @@ std::vector<std::string> Model::layer_names() const {
 }
 
 void Model::refresh_working_copy(kernels::Backend& backend) {
-  if (compute_ != DType::f32) backend.cast(master(), work());
+  if (compute_ == DType::f32) return;
+  backend.cast(master(), work().slice(master_lo_, {master_count_}));
+  copy_shard_to_fp32();
 }
 
 }  // namespace ringtrain

@@ -75,9 +75,35 @@ class Model {
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   const std::vector<std::vector<int>>& node_inputs() const { return inputs_; }
 
-  Tensor master() const { return flat(master_, DType::f32); }  // fp32 masters
-  // The compute-dtype working copy; in fp32 it is the masters themselves.
+  // The fp32 masters: all of them, or with shard_masters() the flat range
+  // [master_offset(), master_offset() + master().numel()) only.
+  Tensor master() const {
+    return Tensor(master_.data(), {master_count_}, DType::f32, master_.device());
+  }
+  int64_t master_offset() const { return master_lo_; }
+  bool masters_sharded() const { return sharded_; }
+  // The compute-dtype working copy (always all parameters); in fp32 it is the masters.
   Tensor work() const { return compute_ == DType::f32 ? master() : flat(work_, compute_); }
+
+  // ZeRO-1 in fp16/bf16: this rank keeps the fp32 masters of the flat range [lo, hi) only.
+  // The layers compute with the 16-bit working copy, except for the parameters they read
+  // in fp32 (ParamSpec::reads_fp32: biases, normalisation parameters; every parameter of a
+  // layer computing in another dtype than the model's): those get a full-size fp32 copy in
+  // one compact region, fp32_copy(), which Param::master views; the other parameters' master
+  // is empty. The caller (the Trainer) fills the working copy and the region outside the
+  // shard by all-gathers. Call right after construction, before init_parameters.
+  void shard_masters(int64_t lo, int64_t hi);
+  // The region: segment i holds the flat elements [flat, flat + count) at element `at`, in
+  // increasing flat order (so any contiguous flat range is one contiguous piece of it).
+  struct Fp32Segment {
+    int64_t flat = 0, count = 0, at = 0;
+  };
+  Tensor fp32_copy() const {
+    return Tensor(fp32_.data(), {fp32_count_}, DType::f32, fp32_.device());
+  }
+  const std::vector<Fp32Segment>& fp32_segments() const { return fp32_segments_; }
+  // Elements of the region whose flat index lies in [lo, hi).
+  int64_t fp32_count_in(int64_t lo, int64_t hi) const;
   Tensor grad() const { return flat(grad_, compute_); }  // compute-dtype gradients
 
   // Draws the masters from `seed` (one stream per parameter name, so the values do not
@@ -85,7 +111,10 @@ class Model {
   // On the host; a model on a GPU receives the values through host staging buffers.
   void init_parameters(uint64_t seed, kernels::Backend& backend);
   // After the masters were replaced (checkpoint, broadcast): working copy = cast(masters).
+  // With sharded masters only the shard's part of the working copy and of fp32_copy().
   void refresh_working_copy(kernels::Backend& backend);
+  // Sharded masters: copies the shard's part of the fp32-read parameters into fp32_copy().
+  void copy_shard_to_fp32();
 
   // The graph executor (nn/executor.cpp). forward runs the nodes in order and returns the
   // last node's output, the logits in fp32 (the precision policy keeps the last node's
@@ -104,6 +133,7 @@ class Model {
     return Tensor(b.data(), {num_params_}, t, b.device());
   }
   void apply_policy();
+  void init_sharded(uint64_t seed, kernels::Backend& backend);
 
   std::string text_;
   Shape input_;
@@ -126,6 +156,11 @@ class Model {
   std::vector<StateBuffer> buffers_;
   int64_t num_buffer_elems_ = 0;
   Buffer master_, work_, grad_, state_;
+  int64_t master_lo_ = 0, master_count_ = 0;
+  bool sharded_ = false;
+  Buffer fp32_;  // sharded masters: the full fp32 copy of the parameters read in fp32
+  int64_t fp32_count_ = 0;
+  std::vector<Fp32Segment> fp32_segments_;
   // Executor state: each node's output, and its gradient as it is summed.
   std::vector<const Tensor*> outs_;
   std::vector<Tensor> grads_;

@@ -1,7 +1,10 @@
 // The op registry: each op family (nn/ops/<family>.cpp, or a plugin) registers what the
-// graph builder needs of an op — its input count, shape inference, FLOPs and the builder
-// of its Layer (whose param_specs() are the op's parameters) — under the name a model
-// file uses (`linear { ... }`, or `custom { type: "NAME" }` for plugin ops).
+// graph builder needs of an op — its input count, shape inference, FLOPs, the builder of
+// its Layer (whose param_specs() are the op's parameters) and, for plugin ops, the
+// attributes it takes — under the name a model file uses (`linear { ... }`, or
+// `custom { type: "NAME" attr { ... } }` for plugin ops). Plugins (--plugin LIB.so) use
+// this header as installed (include/ringtrain/nn/op_registry.hpp); docs/models.md has the
+// rules they follow.
 #pragma once
 
 #include <functional>
@@ -10,12 +13,12 @@
 #include <vector>
 
 #include "nn/layers.hpp"
-
-namespace ringtrain::pb {
-class Node;
-}
+#include "ringtrain/config.hpp"
 
 namespace ringtrain {
+namespace pb {
+class Node;
+}
 
 // What an op's functions see of one node: its expanded definition (every `set` applied),
 // its full name, and the shape of one sample of each input (no batch dimension).
@@ -24,6 +27,23 @@ struct OpNode {
   const std::string& name;
   const std::vector<Shape>& inputs;
 };
+
+// The attributes of a plugin op (`custom { attr { name: "beta" float_value: 0.5 } }`). The
+// graph builder checks a node's attributes against the op's list before infer() runs, so an
+// unknown name or a value of the wrong kind is an error at the attribute's FILE:LINE:COLUMN.
+enum class AttrKind { integer, real, string, int_list };  // a real also accepts an integer
+struct AttrSpec {
+  std::string name;
+  AttrKind kind = AttrKind::integer;
+};
+
+// What a plugin compiles into its registrations, so that a library built against another
+// ringtrain (or another C++ library ABI) is refused by name instead of misbehaving.
+#define RINGTRAIN_OP_ABI_STR2(x) #x
+#define RINGTRAIN_OP_ABI_STR(x) RINGTRAIN_OP_ABI_STR2(x)
+#define RINGTRAIN_OP_ABI         \
+  "ringtrain " RINGTRAIN_VERSION \
+  ", libstdc++ cxx11 abi " RINGTRAIN_OP_ABI_STR(_GLIBCXX_USE_CXX11_ABI)
 
 struct OpDef {
   std::string name;
@@ -37,17 +57,47 @@ struct OpDef {
   std::function<double(const OpNode&, const Shape& out)> flops;
 };
 
-// Input error when the name is taken (a plugin may not replace a built-in op).
-void register_op(OpDef def);
+// Registers `def`; `attrs` are the attributes a plugin op reads (each may be omitted: the
+// op has a default), `abi` what the registering code was compiled against. Input error
+// when the name is taken (a plugin may not replace a built-in op). While a plugin loads,
+// registrations are held for register_plugin_ops() instead.
+void register_op(OpDef def, std::vector<AttrSpec> attrs = {}, std::string abi = RINGTRAIN_OP_ABI);
 const OpDef* find_op(const std::string& name);  // null when unknown
 std::vector<std::string> registered_ops();      // sorted
+// What a registered op took: its attributes, and the plugin library it came from ("" for
+// an op built into ringtrain).
+const std::vector<AttrSpec>& op_attrs(const std::string& name);
+const std::string& op_plugin(const std::string& name);
 
+// Plugin loading (launch/model_source.cpp): from begin_plugin_registrations() on, around
+// dlopen() (whose static initialisers register the plugin's ops), registrations are held,
+// so that no error unwinds through the dynamic loader. register_plugin_ops() then registers
+// them, each recording `plugin`: input error naming the plugin when it registers no op, an
+// op whose name is taken, or was built against another ringtrain (nothing is registered
+// then). cancel_plugin_registrations() drops them (dlopen failed).
+void begin_plugin_registrations();
+void register_plugin_ops(const std::string& plugin);
+void cancel_plugin_registrations();
+
+// A plugin op's attribute `name`, or `fallback` when the node does not give it (the builder
+// has checked the kinds against the op's AttrSpecs).
+int64_t attr_int(const OpNode& n, const std::string& name, int64_t fallback);
+double attr_real(const OpNode& n, const std::string& name, double fallback);
+std::string attr_string(const OpNode& n, const std::string& name, const std::string& fallback);
+std::vector<int64_t> attr_int_list(const OpNode& n, const std::string& name,
+                                   const std::vector<int64_t>& fallback);
+
+// The registrar of RINGTRAIN_REGISTER_OP; inline, so RINGTRAIN_OP_ABI is the one of the
+// library the op is compiled into.
 struct OpRegistrar {
-  explicit OpRegistrar(OpDef def) { register_op(std::move(def)); }
+  explicit OpRegistrar(OpDef def, std::vector<AttrSpec> attrs = {}) {
+    register_op(std::move(def), std::move(attrs), RINGTRAIN_OP_ABI);
+  }
 };
 
 }  // namespace ringtrain
 
-// At namespace scope in the op's file: RINGTRAIN_REGISTER_OP(my_op, OpDef{...});
+// At namespace scope in the op's file: RINGTRAIN_REGISTER_OP(my_op, OpDef{...}); a plugin op
+// adds its attributes: RINGTRAIN_REGISTER_OP(my_op, OpDef{...}, {{"beta", AttrKind::real}}).
 #define RINGTRAIN_REGISTER_OP(id, ...) \
   static const ::ringtrain::OpRegistrar rt_op_registrar_##id { __VA_ARGS__ }

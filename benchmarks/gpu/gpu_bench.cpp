@@ -14,6 +14,11 @@
 //              batch 4096) in fp32, fp16 and bf16 (AdamW, the batch resident on the device
 //              as a prefetching loader leaves it), and the share of the step spent in
 //              unscale + check + optimizer (reported, no target).
+//   gpt        tokens/s of models/gpt2-124m.pbtxt (batch 8 x 1024 tokens, AdamW, tied head,
+//              fused token cross-entropy) in fp32 and bf16, and its model FLOP utilisation:
+//              (6 N + 12 L C T) FLOP per token (PaLM's count: the parameters' GEMMs and the
+//              attention scores, forward and backward) x tokens/s over the bf16 GEMM TFLOP/s
+//              of the large square measured in the first table.
 // --gemm-only runs the first table alone (check.sh --quick). Writes one JSON object (--json
 // FILE) and prints a table.
 #include <cublasLt.h>
@@ -341,6 +346,75 @@ TrainRow bench_train(kernels::Backend& be, const ModelSpec& spec, int64_t batch,
   return r;
 }
 
+struct GptRow {
+  std::string dtype;
+  int64_t batch, seq, params;
+  double step_ms, tokens_per_s, model_tflops;
+};
+
+// Training steps of the GPT-2 124M model file on cuda:0: random token windows resident on
+// the device, forward, the token cross-entropy over the real vocabulary (the padded rows
+// of the head take no part), backward, unscale + check, AdamW.
+GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t seq, int steps) {
+  constexpr int64_t kVocab = 50257;
+  auto host_model = ringtrain::build_model("gpt2-124m", {seq}, kVocab, {}, precision);
+  host_model->init_parameters(1, *kernels::make_cpu_backend(1));
+  DeviceScope scope(kGpu);
+  auto model = ringtrain::build_model("gpt2-124m", {seq}, kVocab, {}, precision);
+  copy_bytes(model->master().data, kGpu, host_model->master().data, Device{},
+             model->master().bytes());
+  host_model.reset();
+  model->refresh_working_copy(be);
+  OptimizerConfig oc;  // AdamW
+  auto opt = make_optimizer(oc, model->num_params());
+  Buffer g32(size_t(model->num_params()) * 4, kGpu);
+  Tensor grad32 = precision == DType::f32
+                      ? model->grad()
+                      : Tensor(g32.data(), {model->num_params()}, DType::f32, kGpu);
+  std::vector<int32_t> ids(size_t(batch * (seq + 1)));
+  uint64_t st = 7;
+  for (auto& id : ids) id = int32_t(splitmix64(st) % uint64_t(kVocab));
+  OwnedTensor tokens, targets, dl;
+  std::vector<int32_t> in(size_t(batch * seq)), out(size_t(batch * seq));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq; ++t) {
+      in[size_t(b * seq + t)] = ids[size_t(b * (seq + 1) + t)];
+      out[size_t(b * seq + t)] = ids[size_t(b * (seq + 1) + t + 1)];
+    }
+  copy_bytes(tokens.ensure({batch, seq}, DType::i32, kGpu).data, kGpu, in.data(), Device{},
+             in.size() * 4);
+  copy_bytes(targets.ensure({batch, seq}, DType::i32, kGpu).data, kGpu, out.data(), Device{},
+             out.size() * 4);
+  const float scale = precision == DType::f32 ? 1.f : 1024.f;
+  double total = 0;
+  for (int step = -2; step < steps; ++step) {  // 2 warm-up steps
+    kernels::cuda::synchronize(0);
+    const auto t0 = Clock::now();
+    Context ctx{be, precision, true, uint64_t(step + 100)};
+    const Tensor& logits = model->forward(ctx, tokens.view);
+    Tensor& dlt = dl.ensure(logits.shape, DType::f32, kGpu);
+    be.token_xent(logits, targets.view, kVocab, scale, &dlt);
+    model->backward(ctx, dlt);
+    const bool bad = be.unscale_check(model->grad(), 1.f / scale, grad32);
+    Tensor work = model->work();
+    if (!bad)
+      opt->step(be, model->master(), grad32, precision == DType::f32 ? nullptr : &work, oc.lr);
+    kernels::cuda::synchronize(0);
+    if (step >= 0) total += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  const double step_s = total / steps;
+  const double tokens_per_s = double(batch * seq) / step_s;
+  // 12 L C T per token for the attention scores: L = 12 layers, C = 768.
+  const double flop_per_token = 6.0 * double(model->num_params()) + 12.0 * 12 * 768 * double(seq);
+  return {dtype_name(precision),
+          batch,
+          seq,
+          model->num_params(),
+          step_s * 1e3,
+          tokens_per_s,
+          flop_per_token * tokens_per_s / 1e12};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -448,6 +522,22 @@ int main(int argc, char** argv) {
                   r.dtype.c_str(), (long long)r.batch, (long long)r.params, r.step_ms,
                   r.samples_per_s, 100 * r.opt_share, r.model_tflops);
   }
+  std::vector<GptRow> gpt;
+  if (!gemm_only) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      try {
+        gpt.push_back(bench_gpt(*be, t, 8, quick ? 256 : 1024, quick ? 3 : 10));
+      } catch (const Error& e) {
+        errors.push_back(cat("gpt2-124m ", dtype_name(t), ": ", e.what()));
+      }
+    }
+    std::printf("\n%-10s %-5s %6s %6s %10s %10s %12s %12s\n", "gpt", "type", "batch", "seq",
+                "params", "step ms", "tokens/s", "TFLOP/s");
+    for (const auto& r : gpt)
+      std::printf("%-10s %-5s %6lld %6lld %10lld %10.2f %12.0f %12.1f\n", "gpt2-124m",
+                  r.dtype.c_str(), (long long)r.batch, (long long)r.seq, (long long)r.params,
+                  r.step_ms, r.tokens_per_s, r.model_tflops);
+  }
   for (const auto& e : errors) std::printf("ERROR: %s\n", e.c_str());
 
   // Goals of the issue, computed from the rows above; a goal whose rows are missing (a
@@ -473,6 +563,12 @@ int main(int argc, char** argv) {
       b16 && gemm_row(sq, "bf16") ? b16->model_tflops / gemm_row(sq, "bf16")->ours_tflops : nan;
   const double speedup_bf16 = b32 && b16 ? b32->step_ms / b16->step_ms : nan;
   const double speedup_fp16 = b32 && f16 ? b32->step_ms / f16->step_ms : nan;
+  const GptRow* g32 = nullptr;
+  const GptRow* g16 = nullptr;
+  for (const auto& r : gpt) (r.dtype == "fp32" ? g32 : g16) = &r;
+  const double gpt_mfu =
+      g16 && gemm_row(sq, "bf16") ? g16->model_tflops / gemm_row(sq, "bf16")->ours_tflops : nan;
+  const double gpt_speedup = g32 && g16 ? g16->tokens_per_s / g32->tokens_per_s : nan;
   double worst_opt_bw = bw.size() > 1 ? 1e9 : nan;
   for (const auto& r : bw)
     if (r.what == "unscale+check+AdamW") worst_opt_bw = std::min(worst_opt_bw, r.of_copy);
@@ -486,7 +582,9 @@ int main(int argc, char** argv) {
       {"GEMM-bound bf16 model TFLOP/s / large bf16 GEMM", bf16_vs_large, 0.6, true},
       {"GEMM-bound fp32 step / bf16 step", speedup_bf16, 2.5, true},
       {"GEMM-bound fp32 step / fp16 step", speedup_fp16, 2.5, true},
-      {"unscale+check+AdamW bandwidth / copy bandwidth (worst)", worst_opt_bw, 0.8, true}};
+      {"unscale+check+AdamW bandwidth / copy bandwidth (worst)", worst_opt_bw, 0.8, true},
+      {"gpt2-124m bf16 model FLOP/s / large bf16 GEMM (MFU)", gpt_mfu, 0.5, true},
+      {"gpt2-124m bf16 tokens/s / fp32 tokens/s", gpt_speedup, 3.0, true}};
   auto verdict = [](const Goal& g) {
     if (std::isnan(g.value)) return "not measured";
     return (g.at_least ? g.value >= g.target : g.value <= g.target) ? "met" : "MISSED";
@@ -537,6 +635,14 @@ int main(int argc, char** argv) {
        << ",\"step_ms\":" << num(r.step_ms) << ",\"samples_per_sec\":" << num(r.samples_per_s)
        << ",\"opt_share\":" << num(r.opt_share) << ",\"model_tflops\":" << num(r.model_tflops)
        << "}";
+  }
+  js << "],\"gpt\":[";
+  for (size_t i = 0; i < gpt.size(); ++i) {
+    const auto& r = gpt[i];
+    js << (i ? "," : "") << "{\"model\":\"gpt2-124m\",\"dtype\":\"" << r.dtype
+       << "\",\"batch\":" << r.batch << ",\"seq\":" << r.seq << ",\"params\":" << r.params
+       << ",\"step_ms\":" << num(r.step_ms) << ",\"tokens_per_sec\":" << num(r.tokens_per_s)
+       << ",\"model_tflops\":" << num(r.model_tflops) << "}";
   }
   js << "],\"goals\":[";
   for (size_t i = 0; i < std::size(goals); ++i) {

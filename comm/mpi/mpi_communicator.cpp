@@ -12,6 +12,7 @@
 #include <string>
 
 #include "comm/mpi/mpi_check.hpp"
+#include "core/env.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ringtrain::comm {
@@ -115,7 +116,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool discover_nodes) {
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  const char* per_node = std::getenv("RINGTRAIN_RANKS_PER_NODE");
+  const char* per_node = env::raw("RINGTRAIN_RANKS_PER_NODE");
   if (!discover_nodes) {
     MPI_CHECK(MPI_Comm_split(comm_, rank_, 0, &local_));
   } else if (per_node && *per_node) {

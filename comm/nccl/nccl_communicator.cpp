@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include "comm/hierarchical.hpp"
 #include "comm/mpi/mpi_check.hpp"
 #include "comm/nccl/nccl_api.hpp"
 #include "core/error.hpp"
@@ -182,41 +183,6 @@ void NcclCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts,
   end();
 }
 
-// ---- hierarchical ---------------------------------------------------------------------
-
-NcclHierarchicalCommunicator::NcclHierarchicalCommunicator(MPI_Comm comm, int device)
-    : world_(std::make_unique<NcclCommunicator>(comm, device)) {
-  MpiCommunicator& w = world_->mpi_comm();
-  node_ = std::make_unique<NcclCommunicator>(w.node_comm(), device, false);
-  cross_ = std::make_unique<NcclCommunicator>(w.cross_comm(), device, false);
-  int64_t sizes[2] = {w.local_size(), -w.local_size()};  // max, -min
-  w.allreduce(sizes, 2, DType::i64, ReduceOp::max);
-  RT_REQUIRE(sizes[0] == -sizes[1],
-             "--comm hierarchical needs the same number of ranks on every node, but nodes hold "
-             "between ",
-             -sizes[1], " and ", sizes[0], " ranks");
-}
-
-void NcclHierarchicalCommunicator::allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
-  if (!is_device_pointer(buf)) return world_->allreduce(buf, count, dtype, op);
-  const int l = node_->size();
-  if (l == 1 || count < l) {
-    node_->allreduce(buf, count, dtype, op);
-    cross_->allreduce(buf, count, dtype, op);
-    return;
-  }
-  std::vector<int64_t> counts(static_cast<size_t>(l));
-  int64_t mine_at = 0;
-  for (int r = 0; r < l; ++r) {
-    counts[size_t(r)] = count * (r + 1) / l - count * r / l;
-    if (r < node_->rank()) mine_at += counts[size_t(r)];
-  }
-  node_->reduce_scatter(buf, counts, dtype, op);
-  char* mine = static_cast<char*>(buf) + mine_at * int64_t(dtype_size(dtype));
-  cross_->allreduce(mine, counts[size_t(node_->rank())], dtype, op);
-  node_->allgatherv(buf, counts, dtype);
-}
-
 // ---- factories ------------------------------------------------------------------------
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device) {
@@ -224,7 +190,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device) 
 }
 
 std::unique_ptr<Communicator> make_nccl_hierarchical(MPI_Comm comm, int device) {
-  return std::make_unique<NcclHierarchicalCommunicator>(comm, device);
+  auto world = std::make_unique<NcclCommunicator>(comm, device);
+  MpiCommunicator& w = world->mpi_comm();
+  auto node = std::make_unique<NcclCommunicator>(w.node_comm(), device, false);
+  auto cross = std::make_unique<NcclCommunicator>(w.cross_comm(), device, false);
+  return std::make_unique<HierarchicalCommunicator>(
+      HierarchicalCommunicator::Parts{std::move(world), std::move(node), std::move(cross)},
+      "hierarchical-nccl", [](const void* p) { return is_device_pointer(p); });
 }
 
 std::string nccl_version() {

@@ -1,6 +1,6 @@
-// NcclCommunicator: comm::Communicator over NCCL for device buffers (MPI for host ones),
-// and the hierarchical allreduce built from two of them. Internal to comm/nccl; the rest of
-// ringtrain uses the factories of nccl_api.hpp.
+// NcclCommunicator: comm::Communicator over NCCL for device buffers (MPI for host ones);
+// comm/hierarchical builds the hierarchical allreduce from two of them. Internal to comm/nccl; the
+// rest of ringtrain uses the factories of nccl_api.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,41 +62,6 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;  // the dedicated communication stream
   cudaEvent_t ready_ = nullptr;    // marks the compute stream's work before a collective
-};
-
-// Reduce-scatter in the node, allreduce across nodes, allgather in the node (as
-// comm/hierarchical), each step an NCCL collective; host buffers go to the flat MPI path.
-class NcclHierarchicalCommunicator final : public Communicator {
- public:
-  NcclHierarchicalCommunicator(MPI_Comm comm, int device);  // input error on unequal nodes
-
-  const char* backend() const override { return "hierarchical-nccl"; }
-  int rank() const override { return world_->rank(); }
-  int size() const override { return world_->size(); }
-  int local_rank() const override { return world_->local_rank(); }
-  int local_size() const override { return world_->local_size(); }
-  int node() const override { return world_->node(); }
-  int num_nodes() const override { return world_->num_nodes(); }
-
-  void allreduce(void* buf, int64_t count, DType dtype, ReduceOp op) override;
-  void broadcast(void* buf, int64_t count, DType dtype, int root) override {
-    world_->broadcast(buf, count, dtype, root);
-  }
-  void allgather(const void* send, void* recv, int64_t count, DType dtype) override {
-    world_->allgather(send, recv, count, dtype);
-  }
-  void barrier() override { world_->barrier(); }
-  void reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
-                      ReduceOp op) override {
-    world_->reduce_scatter(buf, counts, dtype, op);
-  }
-  void allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) override {
-    world_->allgatherv(buf, counts, dtype);
-  }
-  MPI_Comm mpi() const override { return world_->mpi(); }
-
- private:
-  std::unique_ptr<NcclCommunicator> world_, node_, cross_;
 };
 
 // True when p is device (or managed) memory.

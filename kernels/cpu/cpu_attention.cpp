@@ -254,6 +254,28 @@ RT_AVX512_TARGET void head_backward_avx512(HeadBuffers& hb, int64_t t, int64_t h
   head_backward_body(hb, t, hs, scale, lse);
 }
 
+// Runs fn(hb, u, base, col) for every (sample, head) unit u over `threads` threads, with
+// the unit's q, k and v gathered into hb and k transposed (base: the sample's first row;
+// col: the head's first column).
+template <typename Fn>
+void for_each_head(const AttentionDims& d, const Tensor& qkv, int threads, Fn&& fn) {
+  const int64_t units = d.b * d.heads;
+#pragma omp parallel num_threads(threads) if (threads > 1 && units > 1)
+  {
+    HeadBuffers hb;
+    hb.resize(d.t, d.hs);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t base = u / d.heads * d.t, col = u % d.heads * d.hs;
+      gather_head(qkv, base, d.t, 3 * d.c, col, d.hs, hb.q.data());
+      gather_head(qkv, base, d.t, 3 * d.c, d.c + col, d.hs, hb.k.data());
+      gather_head(qkv, base, d.t, 3 * d.c, 2 * d.c + col, d.hs, hb.v.data());
+      transpose(hb.k.data(), d.t, d.hs, hb.tp, hb.kt.data());
+      fn(hb, u, base, col);
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
@@ -261,27 +283,14 @@ void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tenso
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   const float scale = 1.f / std::sqrt(float(d.hs));
   const bool avx512 = use_avx512();
-  const int64_t units = d.b * d.heads;
-#pragma omp parallel num_threads(threads_) if (threads_ > 1 && units > 1)
-  {
-    HeadBuffers hb;
-    hb.resize(d.t, d.hs);
-#pragma omp for schedule(static)
-    for (int64_t u = 0; u < units; ++u) {
-      const int64_t b = u / d.heads, h = u % d.heads;
-      const int64_t base = b * d.t, col = h * d.hs;
-      gather_head(qkv, base, d.t, 3 * d.c, col, d.hs, hb.q.data());
-      gather_head(qkv, base, d.t, 3 * d.c, d.c + col, d.hs, hb.k.data());
-      gather_head(qkv, base, d.t, 3 * d.c, 2 * d.c + col, d.hs, hb.v.data());
-      transpose(hb.k.data(), d.t, d.hs, hb.tp, hb.kt.data());
-      float* l = lse.as<float>() + u * d.t;
-      if (avx512)
-        head_forward_avx512(hb, d.t, d.hs, scale, l);
-      else
-        head_forward_base(hb, d.t, d.hs, scale, l);
-      scatter_head(hb.o.data(), d.t, d.hs, out, base, d.c, col);
-    }
-  }
+  for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {
+    float* l = lse.as<float>() + u * d.t;
+    if (avx512)
+      head_forward_avx512(hb, d.t, d.hs, scale, l);
+    else
+      head_forward_base(hb, d.t, d.hs, scale, l);
+    scatter_head(hb.o.data(), d.t, d.hs, out, base, d.c, col);
+  });
 }
 
 void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
@@ -292,32 +301,19 @@ void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tens
            shape_str(out.shape), " and ", shape_str(qkv.shape));
   const float scale = 1.f / std::sqrt(float(d.hs));
   const bool avx512 = use_avx512();
-  const int64_t units = d.b * d.heads;
-#pragma omp parallel num_threads(threads_) if (threads_ > 1 && units > 1)
-  {
-    HeadBuffers hb;
-    hb.resize(d.t, d.hs);
-#pragma omp for schedule(static)
-    for (int64_t u = 0; u < units; ++u) {
-      const int64_t b = u / d.heads, h = u % d.heads;
-      const int64_t base = b * d.t, col = h * d.hs;
-      gather_head(qkv, base, d.t, 3 * d.c, col, d.hs, hb.q.data());
-      gather_head(qkv, base, d.t, 3 * d.c, d.c + col, d.hs, hb.k.data());
-      gather_head(qkv, base, d.t, 3 * d.c, 2 * d.c + col, d.hs, hb.v.data());
-      gather_head(out, base, d.t, d.c, col, d.hs, hb.o.data());
-      gather_head(dout, base, d.t, d.c, col, d.hs, hb.d_o.data());
-      transpose(hb.k.data(), d.t, d.hs, hb.tp, hb.kt.data());
-      transpose(hb.v.data(), d.t, d.hs, hb.tp, hb.vt.data());
-      const float* l = lse.as<float>() + u * d.t;
-      if (avx512)
-        head_backward_avx512(hb, d.t, d.hs, scale, l);
-      else
-        head_backward_base(hb, d.t, d.hs, scale, l);
-      scatter_head(hb.dq.data(), d.t, d.hs, dqkv, base, 3 * d.c, col);
-      scatter_head(hb.dk.data(), d.t, d.hs, dqkv, base, 3 * d.c, d.c + col);
-      scatter_head(hb.dv.data(), d.t, d.hs, dqkv, base, 3 * d.c, 2 * d.c + col);
-    }
-  }
+  for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {
+    gather_head(out, base, d.t, d.c, col, d.hs, hb.o.data());
+    gather_head(dout, base, d.t, d.c, col, d.hs, hb.d_o.data());
+    transpose(hb.v.data(), d.t, d.hs, hb.tp, hb.vt.data());
+    const float* l = lse.as<float>() + u * d.t;
+    if (avx512)
+      head_backward_avx512(hb, d.t, d.hs, scale, l);
+    else
+      head_backward_base(hb, d.t, d.hs, scale, l);
+    scatter_head(hb.dq.data(), d.t, d.hs, dqkv, base, 3 * d.c, col);
+    scatter_head(hb.dk.data(), d.t, d.hs, dqkv, base, 3 * d.c, d.c + col);
+    scatter_head(hb.dv.data(), d.t, d.hs, dqkv, base, 3 * d.c, 2 * d.c + col);
+  });
 }
 
 }  // namespace ringtrain::kernels::cpu

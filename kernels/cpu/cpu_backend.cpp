@@ -2,6 +2,7 @@
 // result; 16-bit inputs native where oneDNN has kernels, else widened to fp32), the backend's
 // environment settings, elementwise and reduction kernels as OpenMP loops.
 #include "kernels/cpu/cpu_backend.hpp"
+#include "core/env.hpp"
 
 #include <cblas.h>
 #include <omp.h>
@@ -74,7 +75,7 @@ CpuOptions CpuOptions::from_env() {
   const std::string core = openblas_core();
   o.gemm = choose_gemm_provider(f, core, gemm_setting_from_env()).provider;
   o.native16 = choose_native16(f, bf16_setting_from_env());
-  const char* conv = std::getenv("RINGTRAIN_CONV");
+  const char* conv = env::raw("RINGTRAIN_CONV");
   const std::string c = conv ? conv : "onednn";
   RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,
              "' is not valid; expected onednn or im2col");

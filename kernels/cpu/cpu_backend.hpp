@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
                           const Tensor& dx) override;
   void avgpool_global_forward(const Tensor& x, const Tensor& y) override;
   void avgpool_global_backward(const Tensor& dy, const Tensor& dx) override;
-  // cpu_norm.cpp: batch norm, GELU, dropout, add
+  // cpu_batchnorm.cpp: batch norm; cpu_pointwise.cpp: GELU, dropout, add
   void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
                          const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, const Tensor& y, const Tensor& mean,

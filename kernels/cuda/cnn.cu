@@ -2,7 +2,7 @@
 // gathers, so no atomics), global average pooling, batch normalisation (per-channel
 // statistics in double, one block per channel, a fixed reduction tree), GELU, dropout with
 // the counter-based hash of kernels.hpp (masks bit-identical to the CPU's). The residual
-// add is in elementwise.cu. Formulas follow kernels/cpu/cpu_norm.cpp and cpu_conv.cpp.
+// add is in elementwise.cu. Formulas follow kernels/cpu/cpu_batchnorm.cpp and cpu_conv.cpp.
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"

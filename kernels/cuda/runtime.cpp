@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.hpp"
 #include "core/tensor.hpp"
 
 namespace ringtrain::kernels::cuda {
@@ -56,7 +57,7 @@ CudaEnv& mutable_cuda_env() {
   static CudaEnv env = [] {
     CudaEnv e;
     auto get = [](const char* name) -> std::string {
-      const char* v = std::getenv(name);
+      const char* v = ::ringtrain::env::raw(name);
       return v ? v : "";
     };
     e.tf32 = get("RINGTRAIN_CUDA_TF32") == "1";

@@ -18,7 +18,7 @@ std::vector<ParamSpec> Conv2D::param_specs() const {
                                 Init::fan_in_uniform,
                                 o_.out_channels * o_.kernel * o_.kernel}};
   if (o_.bias)
-    specs.push_back({"bias", {o_.out_channels}, fan_in, Init::fan_in_uniform, 1, 0, false});
+    specs.push_back({"bias", {o_.out_channels}, fan_in, Init::fan_in_uniform, 1, 0, false, true});
   return specs;
 }
 

@@ -12,7 +12,7 @@ using kernels::Activation;
 
 std::vector<ParamSpec> Linear::param_specs() const {
   std::vector<ParamSpec> specs{{"weight", {out_, in_}, in_, Init::fan_in_uniform, out_}};
-  if (has_bias_) specs.push_back({"bias", {out_}, in_, Init::fan_in_uniform, out_, 0, false});
+  if (has_bias_) specs.push_back({"bias", {out_}, in_, Init::fan_in_uniform, out_, 0, false, true});
   return specs;
 }
 

@@ -11,8 +11,8 @@ using kernels::Activation;
 // ---- BatchNorm2D -----------------------------------------------------------------------
 
 std::vector<ParamSpec> BatchNorm2D::param_specs() const {
-  return {{"weight", {c_}, 1, Init::ones, 1, 0, false},
-          {"bias", {c_}, 1, Init::zeros, 1, 0, false}};
+  return {{"weight", {c_}, 1, Init::ones, 1, 0, false, true},
+          {"bias", {c_}, 1, Init::zeros, 1, 0, false, true}};
 }
 
 std::vector<ParamSpec> BatchNorm2D::buffer_specs() const {

@@ -74,6 +74,7 @@ std::vector<ParamSpec> LayerNorm::param_specs() const {
   ParamSpec g{"weight", {c_}, 1, Init::ones};
   ParamSpec b{"bias", {c_}, 1, Init::zeros};
   g.decay = b.decay = false;
+  g.reads_fp32 = b.reads_fp32 = true;
   return {g, b};
 }
 

@@ -220,3 +220,13 @@ assert all(abs(s - w) <= 1e-6 * w for s, w in zip(scales, want)), scales
 assert sum(r["type"] == "warning" for r in recs) == 1, recs
 PY
 pass "overflowing steps are skipped, recorded, and the floor is reported once"
+
+# A RINGTRAIN_* variable the settings table does not have (a typo): one warning, from rank 0,
+# naming it and the setting it is closest to; the run goes on. A declared one: no warning.
+RINGTRAIN_GEM=onednn RINGTRAIN_DIRECT_READ=1 mpi 2 -x RINGTRAIN_GEM -x RINGTRAIN_DIRECT_READ \
+  "$BIN" train --data "$DATA/train.h5" --steps 2 --hidden 16 --threads 1 \
+  >"$dir/typo.out" 2>"$dir/typo.err" || fail "a run with an unknown RINGTRAIN_ variable failed"
+[[ $(grep -c 'RINGTRAIN_' "$dir/typo.err") -eq 1 ]] || fail "unknown setting: $(cat "$dir/typo.err")"
+grep -qx 'ringtrain: warning: RINGTRAIN_GEM is not a ringtrain setting (did you mean RINGTRAIN_GEMM?)' \
+  "$dir/typo.err" || fail "unknown setting warning: $(cat "$dir/typo.err")"
+pass "an unknown RINGTRAIN_ variable gets one warning naming it"

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "core/schedule.hpp"
 #include "io/loader.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/model.hpp"
 #include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {

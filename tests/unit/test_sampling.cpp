@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/sampling.hpp"
+#include "nn/sampling.hpp"
 #include "test_util.hpp"
 
 namespace ringtrain {

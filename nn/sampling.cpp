@@ -1,5 +1,5 @@
 // Temperature and top-k sampling of the next token (see sampling.hpp).
-#include "core/sampling.hpp"
+#include "nn/sampling.hpp"
 
 #include <algorithm>
 #include <cmath>

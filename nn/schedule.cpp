@@ -8,7 +8,7 @@
 //   inverse-sqrt  base * sqrt(max(W, 1) / max(t, 1))          (fairseq's inverse_sqrt)
 //   constant      base
 // Past D, cosine and linear stay at min (PyTorch's cosine would rise again).
-#include "core/schedule.hpp"
+#include "nn/schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
