@@ -162,6 +162,15 @@ class Backend {
   // dw (and db when given) = the gradients of the filters and bias (overwritten).
   virtual void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                       const Tensor& dw, const Tensor* db) = 0;
+  // Both backward passes of one layer, dx only when given: the same results as
+  // conv2d_backward_filter then conv2d_backward_data, in one call so that a backend can share
+  // what both read (the CPU's oneDNN path puts dy into its layout once, not twice).
+  virtual void conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                               const Tensor& w, const Tensor* dx, const Tensor& dw,
+                               const Tensor* db) {
+    conv2d_backward_filter(cs, x, dy, dw, db);
+    if (dx) conv2d_backward_data(cs, dy, w, *dx);
+  }
   // y [N, C, P, Q] = window maxima; argmax (i32, same shape as y) = the winner's index
   // h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
   virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,

@@ -61,6 +61,8 @@ class CpuBackend final : public Backend {
                       Activation act, const Tensor& y) override;
   void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
                             const Tensor& dx) override;
+  void conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy, const Tensor& w,
+                       const Tensor* dx, const Tensor& dw, const Tensor* db) override;
   void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                               const Tensor& dw, const Tensor* db) override;
   void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,

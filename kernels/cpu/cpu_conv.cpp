@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
@@ -74,18 +73,21 @@ void col2im(const ConvShape& cs, const float* col, float* dx, int threads) {
   }
 }
 
-// One output row of 2x2, stride 2 max pooling in fp32: rows r0 and r0 + w of the input
-// plane (`base` is r0's offset in the plane). The same winner rules as the generic loop,
-// written without branches so that the loop vectorises.
+// One output row of 2x2, stride 2 max pooling: rows r0 and r0 + w of the input plane
+// (`base` is r0's offset in the plane), elements stored as E (fp32, or 16-bit widened
+// exactly to fp32 for the comparisons). The same winner rules as the generic loop, written
+// without branches so that the loop vectorises; the maximum is one of the inputs, so storing
+// it back as E is exact (a nan comes out quiet, as the conversions everywhere make it).
 // The loop body, inlined into a baseline and an AVX-512 function (chosen at run time).
-__attribute__((always_inline)) inline void maxpool2x2_row_body(const float* r0, int64_t w,
-                                                               int64_t base, int64_t Q,
-                                                               bool relu_input, float* y,
+template <typename E, typename S = typename E::storage>
+__attribute__((always_inline)) inline void maxpool2x2_row_body(const S* r0, int64_t w, int64_t base,
+                                                               int64_t Q, bool relu_input, S* y,
                                                                int32_t* arg) {
-  const float* r1 = r0 + w;
+  const S* r1 = r0 + w;
 #pragma omp simd
   for (int64_t q = 0; q < Q; ++q) {
-    const float a = r0[2 * q], b = r0[2 * q + 1], c = r1[2 * q], d = r1[2 * q + 1];
+    const float a = E::load(r0[2 * q]), b = E::load(r0[2 * q + 1]), c = E::load(r1[2 * q]),
+                d = E::load(r1[2 * q + 1]);
     const int32_t ia = int32_t(base + 2 * q);
     float bv = a;
     int32_t bi = ia;
@@ -98,30 +100,33 @@ __attribute__((always_inline)) inline void maxpool2x2_row_body(const float* r0, 
     t = d > bv || (d != d && bv == bv);
     bv = t ? d : bv;
     bi = t ? ia + int32_t(w) + 1 : bi;
-    y[q] = bv;
+    y[q] = E::store(bv);
     arg[q] = relu_input && bv <= 0.f ? -1 : bi;
   }
 }
 
-void maxpool2x2_row_base(const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input,
-                         float* y, int32_t* arg) {
-  maxpool2x2_row_body(r0, w, base, Q, relu_input, y, arg);
+template <typename E, typename S = typename E::storage>
+void maxpool2x2_row_base(const S* r0, int64_t w, int64_t base, int64_t Q, bool relu_input, S* y,
+                         int32_t* arg) {
+  maxpool2x2_row_body<E>(r0, w, base, Q, relu_input, y, arg);
 }
 
+template <typename E, typename S = typename E::storage>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void maxpool2x2_row_avx512(
-    const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input, float* y, int32_t* arg) {
-  maxpool2x2_row_body(r0, w, base, Q, relu_input, y, arg);
+    const S* r0, int64_t w, int64_t base, int64_t Q, bool relu_input, S* y, int32_t* arg) {
+  maxpool2x2_row_body<E>(r0, w, base, Q, relu_input, y, arg);
 }
 
-void maxpool2x2_row_f32(const float* r0, int64_t w, int64_t base, int64_t Q, bool relu_input,
-                        float* y, int32_t* arg) {
+template <typename E, typename S = typename E::storage>
+void maxpool2x2_row(const S* r0, int64_t w, int64_t base, int64_t Q, bool relu_input, S* y,
+                    int32_t* arg) {
   static const bool avx512 = __builtin_cpu_supports("avx512f") &&
                              __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl");
   if (avx512)
-    maxpool2x2_row_avx512(r0, w, base, Q, relu_input, y, arg);
+    maxpool2x2_row_avx512<E>(r0, w, base, Q, relu_input, y, arg);
   else
-    maxpool2x2_row_base(r0, w, base, Q, relu_input, y, arg);
+    maxpool2x2_row_base<E>(r0, w, base, Q, relu_input, y, arg);
 }
 
 }  // namespace
@@ -141,6 +146,26 @@ DType conv_dtype(OneDnnConv& dnn, bool native16, const Tensor& a, const Tensor& 
   return native16 && half && a.dtype == b.dtype && dnn.supports(a.dtype) ? a.dtype : DType::f32;
 }
 
+// Whether oneDNN's reorder converts a tensor of dtype t to or from `compute` at the speed of
+// a copy. bf16 <-> fp32 runs in its JIT reorder; oneDNN 2.6 converts fp16 <-> fp32 only in
+// its reference reorder (about 100x slower), so fp16 tensors on the fp32 path are widened
+// and rounded by to_f32 / from_f32 instead.
+bool reorder_converts(DType t, DType compute) {
+  return t == compute || t == DType::f32 || t == DType::bf16;
+}
+
+// A tensor as oneDNN is handed it: itself, or (see reorder_converts) widened into scratch.
+struct DnnArg {
+  const void* data;
+  DType dtype;
+};
+DnnArg dnn_arg(const Tensor& t, DType compute, std::vector<float>& scratch, int threads) {
+  if (reorder_converts(t.dtype, compute)) return {t.data, t.dtype};
+  scratch.resize(size_t(t.numel()));
+  to_f32(t.data, t.dtype, scratch.data(), t.numel(), threads);
+  return {scratch.data(), DType::f32};
+}
+
 }  // namespace
 
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
@@ -156,11 +181,12 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
   const bool relu = act == Activation::relu;
   if (OneDnnConv* dnn = onednn()) {
     const DType in = conv_dtype(*dnn, opts_.native16, x, w);
-    // Straight into y when oneDNN writes y's dtype (fp32, or the inputs' 16-bit dtype).
-    const bool direct = y.dtype == DType::f32 || y.dtype == in;
+    const DnnArg ax = dnn_arg(x, in, scratch_a_, threads_),
+                 aw = dnn_arg(w, in, scratch_b_, threads_);
+    const bool direct = reorder_converts(y.dtype, in);
     void* out = direct ? y.data : (out32_.resize(size_t(y.numel())), out32_.data());
-    dnn->forward(cs, as_dtype(x, in, scratch_a_), as_dtype(w, in, scratch_b_), in,
-                 bias ? b.data() : nullptr, relu, out, direct ? y.dtype : DType::f32);
+    dnn->forward(cs, in, ax.data, ax.dtype, aw.data, aw.dtype, bias ? b.data() : nullptr, relu, out,
+                 direct ? y.dtype : DType::f32);
     if (!direct) from_f32(out32_.data(), y.data, y.dtype, y.numel(), threads_);
     return;
   }
@@ -199,9 +225,11 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   if (OneDnnConv* dnn = onednn()) {
     const DType in = conv_dtype(*dnn, opts_.native16, dy, w);
-    const bool direct = dx.dtype == DType::f32 || dx.dtype == in;
+    const DnnArg ady = dnn_arg(dy, in, scratch_a_, threads_),
+                 aw = dnn_arg(w, in, scratch_b_, threads_);
+    const bool direct = reorder_converts(dx.dtype, in);
     void* out = direct ? dx.data : (out32_.resize(size_t(dx.numel())), out32_.data());
-    dnn->backward_data(cs, as_dtype(dy, in, scratch_a_), as_dtype(w, in, scratch_b_), in, out,
+    dnn->backward_data(cs, in, ady.data, ady.dtype, aw.data, aw.dtype, out,
                        direct ? dx.dtype : DType::f32);
     if (!direct) from_f32(out32_.data(), dx.data, dx.dtype, dx.numel(), threads_);
     return;
@@ -227,6 +255,33 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   }
 }
 
+void CpuBackend::conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                                 const Tensor& w, const Tensor* dx, const Tensor& dw,
+                                 const Tensor* db) {
+  OneDnnConv* dnn = onednn();
+  const DType in = dnn ? conv_dtype(*dnn, opts_.native16, x, dy) : DType::f32;
+  // The separate passes where a tensor is widened first (they have the scratch for it).
+  if (!dnn || !dx || conv_dtype(*dnn, opts_.native16, dy, w) != in ||
+      !reorder_converts(x.dtype, in) || !reorder_converts(dy.dtype, in) ||
+      !reorder_converts(w.dtype, in) || !reorder_converts(dx->dtype, in)) {
+    Backend::conv2d_backward(cs, x, dy, w, dx, dw, db);
+    return;
+  }
+  check_conv_shapes(cs, x, dw, dy);
+  check_conv_shapes(cs, *dx, w, dy);
+  const int64_t K = cs.k, CRS = cs.c * cs.r * cs.s;
+  float* acc = dw.dtype == DType::f32 ? dw.as<float>()
+                                      : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
+  if (db)
+    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
+             " elements, expected ", K);
+  std::vector<float> sum(size_t(K), 0.f);
+  dnn->backward(cs, in, x.data, x.dtype, dy.data, dy.dtype, w.data, w.dtype, dx->data, dx->dtype,
+                acc, db ? sum.data() : nullptr);
+  if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
+  if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
+}
+
 void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                         const Tensor& dw, const Tensor* db) {
   check_conv_shapes(cs, x, dw, dy);
@@ -240,7 +295,9 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   std::vector<float> sum(size_t(K), 0.f);
   if (OneDnnConv* dnn = onednn()) {
     const DType in = conv_dtype(*dnn, opts_.native16, x, dy);
-    dnn->backward_weights(cs, as_dtype(x, in, scratch_a_), as_dtype(dy, in, scratch_b_), in, acc,
+    const DnnArg ax = dnn_arg(x, in, scratch_a_, threads_),
+                 ady = dnn_arg(dy, in, scratch_b_, threads_);
+    dnn->backward_weights(cs, in, ax.data, ax.dtype, ady.data, ady.dtype, acc,
                           db ? sum.data() : nullptr);
     if (dw.dtype != DType::f32) from_f32(acc, dw.data, dw.dtype, K * CRS, threads_);
     if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
@@ -288,33 +345,10 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
 #pragma omp parallel for num_threads(threads_) if (threads_ > 1 && planes > 1)
     for (int64_t pl = 0; pl < planes; ++pl) {
       const auto* in = px + pl * ps.h * ps.w;
-      if constexpr (std::is_same_v<E, Elem<DType::f32>>) {
-        if (ps.kernel == 2 && ps.stride == 2) {  // fp32 2x2: the vectorised row kernel
-          for (int64_t p = 0; p < P; ++p)
-            maxpool2x2_row_f32(in + 2 * p * ps.w, ps.w, 2 * p * ps.w, Q, ps.relu_input,
-                               py + pl * P * Q + p * Q, pa + pl * P * Q + p * Q);
-          continue;
-        }
-      }
-      if (ps.kernel == 2 && ps.stride == 2) {  // the common window, unrolled
-        for (int64_t p = 0; p < P; ++p) {
-          const int64_t r0 = 2 * p * ps.w, r1 = r0 + ps.w;
-          const int64_t o = pl * P * Q + p * Q;
-          for (int64_t q = 0; q < Q; ++q) {
-            const int64_t c = 2 * q;
-            int64_t best = r0 + c;
-            float bv = E::load(in[best]);
-            for (int64_t at : {r0 + c + 1, r1 + c, r1 + c + 1}) {
-              const float v = E::load(in[at]);
-              if (better(v, bv)) {
-                bv = v;
-                best = at;
-              }
-            }
-            py[o + q] = in[best];
-            pa[o + q] = ps.relu_input && bv <= 0.f ? -1 : int32_t(best);
-          }
-        }
+      if (ps.kernel == 2 && ps.stride == 2) {  // the common window: the vectorised row kernel
+        for (int64_t p = 0; p < P; ++p)
+          maxpool2x2_row<E>(in + 2 * p * ps.w, ps.w, 2 * p * ps.w, Q, ps.relu_input,
+                            py + pl * P * Q + p * Q, pa + pl * P * Q + p * Q);
         continue;
       }
       for (int64_t p = 0; p < P; ++p)

@@ -4,6 +4,7 @@
 // Also the bulk fp32 <-> fp16/bf16 conversions (F16C when the CPU has it).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -30,7 +31,14 @@ template <>
 struct Elem<DType::bf16> {
   using storage = uint16_t;
   static float load(uint16_t v) { return bf16_to_float(v); }
-  static uint16_t store(float f) { return float_to_bf16(f); }
+  // float_to_bf16's result, written as a select rather than an early return for a nan, so
+  // that the loops storing bf16 vectorise.
+  static uint16_t store(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint32_t quiet_nan = (x >> 16) | 0x40u;
+    const uint32_t nearest = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // ties to even
+    return uint16_t((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest);
+  }
 };
 
 template <typename F>

@@ -1,8 +1,10 @@
 // Convolution through oneDNN: forward with fused bias + ReLU, backward data and backward
 // weights, in fp32 or on 16-bit inputs with fp32 accumulation. oneDNN chooses its own
 // (blocked) layouts (format_tag::any); our NCHW / OIHW tensors are reordered into them and
-// back around each call. Primitives and their internal buffers are cached per shape and
-// dtypes, so a training step creates nothing new.
+// back around each call, and a reorder also converts between the tensor's dtype and the
+// primitive's, so a 16-bit tensor on the fp32 path is widened (and an fp32 result rounded)
+// in the pass that changes its layout, not in a pass of its own. Primitives and their
+// internal buffers are cached per shape and dtypes, so a training step creates nothing new.
 #include "kernels/cpu/onednn_conv.hpp"
 
 #include <map>
@@ -25,12 +27,25 @@ using dt = memory::data_type;
 // Which primitive an entry holds.
 enum Kind { kForward, kBackwardData, kBackwardWeights };
 
-// Shape, kind, bias, relu, the input dtype and the output dtype (dst / diff_src).
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, bool, bool, DType, DType>;
+// The dtypes of one call: what the primitive computes on, and the caller's tensors
+// (src / diff_src, weights, dst / diff_dst; the gradient of the weights is always fp32).
+struct Dtypes {
+  DType compute, src, wei, dst;
+  auto operator<=>(const Dtypes&) const = default;
+};
 
-Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, DType in, DType out) {
-  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, kind, bias, relu, in, out};
+// Shape, kind, bias, relu and the dtypes.
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int, bool, bool, Dtypes>;
+
+Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t) {
+  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, kind, bias, relu, t};
+}
+
+// The dtype a primitive writes its result in: the caller's when oneDNN can write it from
+// `compute` (the same dtype, or fp32), else fp32, rounded by the reorder out.
+DType result_dtype(DType compute, DType user) {
+  return user == compute || user == DType::f32 ? user : DType::f32;
 }
 
 }  // namespace
@@ -77,35 +92,33 @@ struct OneDnnConv::Impl {
     return dnnl::convolution_forward::primitive_desc(fd, attr, eng);
   }
 
-  Entry& get(const ConvShape& cs, Kind kind, bool bias, bool relu, DType in, DType out) {
-    const Key key = key_of(cs, kind, bias, relu, in, out);
+  Entry& get(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t) {
+    const Key key = key_of(cs, kind, bias, relu, t);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     const Descs d = dims_of(cs);
+    const DType in = t.compute;
+    auto user = [](const memory::dims& dims, DType dt, tag layout) {
+      return memory::desc(dims, dnnl_type(dt, "oneDNN convolution"), layout);
+    };
     Entry e;
     e.bias_u = memory::desc(d.bias, dt::f32, tag::x);
     const memory::desc none;
     if (kind == kForward) {
-      auto pd = forward_pd(cs, bias, relu, in, out);
+      auto pd = forward_pd(cs, bias, relu, in, result_dtype(in, t.dst));
       e.prim = dnnl::convolution_forward(pd);
       e.src = pd.src_desc(), e.wei = pd.weights_desc(), e.dst = pd.dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
-      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::nchw);
     } else if (kind == kBackwardData) {
       const auto hint = forward_pd(cs, false, false, in, in);
       dnnl::convolution_backward_data::desc bd(
           dnnl::algorithm::convolution_direct,
-          memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::any),
+          memory::desc(d.src, dnnl_type(result_dtype(in, t.src), "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
           d.pad);
       dnnl::convolution_backward_data::primitive_desc pd(bd, eng, hint);
       e.prim = dnnl::convolution_backward_data(pd);
       e.src = pd.diff_src_desc(), e.wei = pd.weights_desc(), e.dst = pd.diff_dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(out, "oneDNN convolution"), tag::nchw);
-      e.wei_u = memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
     } else {  // gradients of the filters (and bias) in fp32
       const auto hint = forward_pd(cs, bias, false, in, in);
       dnnl::convolution_backward_weights::desc bd(
@@ -117,10 +130,10 @@ struct OneDnnConv::Impl {
       dnnl::convolution_backward_weights::primitive_desc pd(bd, eng, hint);
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = pd.src_desc(), e.wei = pd.diff_weights_desc(), e.dst = pd.diff_dst_desc();
-      e.src_u = memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::nchw);
-      e.wei_u = memory::desc(d.wei, dt::f32, tag::oihw);
-      e.dst_u = memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::nchw);
     }
+    e.src_u = user(d.src, t.src, tag::nchw);
+    e.wei_u = user(d.wei, kind == kBackwardWeights ? DType::f32 : t.wei, tag::oihw);
+    e.dst_u = user(d.dst, t.dst, tag::nchw);
     return cache.emplace(key, std::move(e)).first->second;
   }
 
@@ -162,6 +175,26 @@ struct OneDnnConv::Impl {
     if (out.get_desc() == have) return;
     reorder_for(out.get_desc(), have).execute(strm, out, user);
   }
+
+  // The backward passes on dy already in the primitive's layout (`ddst`).
+  void run_backward_data(Entry& e, const memory& ddst, const void* w, void* dx) {
+    memory wei = input(4, e.wei, e.wei_u, w);
+    memory dsrc = output(5, e.src, e.src_u, dx);
+    e.prim.execute(strm,
+                   {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+    finish(dsrc, e.src_u, dx);
+    strm.wait();
+  }
+  void run_backward_weights(Entry& e, const void* x, const memory& ddst, float* dw, float* db) {
+    memory src = input(6, e.src, e.src_u, x);
+    memory dwei = output(8, e.wei, e.wei_u, dw);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
+    if (db) args[DNNL_ARG_DIFF_BIAS] = memory(e.bias_u, eng, db);
+    e.prim.execute(strm, args);
+    finish(dwei, e.wei_u, dw);
+    strm.wait();
+  }
 };
 
 OneDnnConv::OneDnnConv() : impl_(std::make_unique<Impl>()) {}
@@ -182,10 +215,10 @@ bool OneDnnConv::supports(DType in) {
   return im.supported.emplace(in, ok).first->second;
 }
 
-void OneDnnConv::forward(const ConvShape& cs, const void* x, const void* w, DType in,
-                         const float* bias, bool relu, void* y, DType out) {
+void OneDnnConv::forward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* w,
+                         DType wt, const float* bias, bool relu, void* y, DType yt) {
   auto& im = *impl_;
-  auto& e = im.get(cs, kForward, bias != nullptr, relu, in, out);
+  auto& e = im.get(cs, kForward, bias != nullptr, relu, {compute, xt, wt, yt});
   memory src = im.input(0, e.src, e.src_u, x);
   memory wei = im.input(1, e.wei, e.wei_u, w);
   memory dst = im.output(2, e.dst, e.dst_u, y);
@@ -197,32 +230,30 @@ void OneDnnConv::forward(const ConvShape& cs, const void* x, const void* w, DTyp
   im.strm.wait();
 }
 
-void OneDnnConv::backward_data(const ConvShape& cs, const void* dy, const void* w, DType in,
-                               void* dx, DType out) {
+void OneDnnConv::backward_data(const ConvShape& cs, DType compute, const void* dy, DType dyt,
+                               const void* w, DType wt, void* dx, DType dxt) {
   auto& im = *impl_;
-  auto& e = im.get(cs, kBackwardData, false, false, in, out);
-  memory ddst = im.input(3, e.dst, e.dst_u, dy);
-  memory wei = im.input(4, e.wei, e.wei_u, w);
-  memory dsrc = im.output(5, e.src, e.src_u, dx);
-  e.prim.execute(im.strm,
-                 {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
-  im.finish(dsrc, e.src_u, dx);
-  im.strm.wait();
+  auto& e = im.get(cs, kBackwardData, false, false, {compute, dxt, wt, dyt});
+  im.run_backward_data(e, im.input(3, e.dst, e.dst_u, dy), w, dx);
 }
 
-void OneDnnConv::backward_weights(const ConvShape& cs, const void* x, const void* dy, DType in,
-                                  float* dw, float* db) {
+void OneDnnConv::backward_weights(const ConvShape& cs, DType compute, const void* x, DType xt,
+                                  const void* dy, DType dyt, float* dw, float* db) {
   auto& im = *impl_;
-  auto& e = im.get(cs, kBackwardWeights, db != nullptr, false, in, DType::f32);
-  memory src = im.input(6, e.src, e.src_u, x);
-  memory ddst = im.input(7, e.dst, e.dst_u, dy);
-  memory dwei = im.output(8, e.wei, e.wei_u, dw);
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
-  if (db) args[DNNL_ARG_DIFF_BIAS] = memory(e.bias_u, im.eng, db);
-  e.prim.execute(im.strm, args);
-  im.finish(dwei, e.wei_u, dw);
-  im.strm.wait();
+  auto& e = im.get(cs, kBackwardWeights, db != nullptr, false, {compute, xt, DType::f32, dyt});
+  im.run_backward_weights(e, x, im.input(7, e.dst, e.dst_u, dy), dw, db);
+}
+
+void OneDnnConv::backward(const ConvShape& cs, DType compute, const void* x, DType xt,
+                          const void* dy, DType dyt, const void* w, DType wt, void* dx, DType dxt,
+                          float* dw, float* db) {
+  auto& im = *impl_;
+  auto& ew = im.get(cs, kBackwardWeights, db != nullptr, false, {compute, xt, DType::f32, dyt});
+  const memory ddst = im.input(7, ew.dst, ew.dst_u, dy);
+  im.run_backward_weights(ew, x, ddst, dw, db);
+  if (!dx) return;
+  auto& ed = im.get(cs, kBackwardData, false, false, {compute, dxt, wt, dyt});
+  im.run_backward_data(ed, ed.dst == ew.dst ? ddst : im.input(3, ed.dst, ed.dst_u, dy), w, dx);
 }
 
 std::string OneDnnConv::version() {

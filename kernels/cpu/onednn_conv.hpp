@@ -1,7 +1,8 @@
 // Convolution through oneDNN, the CPU backend's alternative to im2col + OpenBLAS (chosen with
 // RINGTRAIN_CONV=onednn|im2col; benchmarks/conv_bench measures both). Tensors in NCHW
-// (activations) and OIHW (filters), like the rest of the CPU backend; inputs in fp32 or, where
-// oneDNN has kernels for it (supports()), bf16 / fp16 with fp32 accumulation.
+// (activations) and OIHW (filters), like the rest of the CPU backend, in any float dtype; the
+// arithmetic in fp32 or, where oneDNN has kernels for it (supports()), on bf16 / fp16 inputs
+// with fp32 accumulation.
 #pragma once
 
 #include <memory>
@@ -17,16 +18,24 @@ class OneDnnConv {
   ~OneDnnConv();
   // True when oneDNN has optimised (not reference) convolutions with inputs of dtype `in`.
   bool supports(DType in);
-  // y = act(conv(x, w) + bias); x and w of dtype `in`, y of dtype `out` (fp32 or `in`);
-  // bias (fp32) may be null.
-  void forward(const ConvShape& cs, const void* x, const void* w, DType in, const float* bias,
-               bool relu, void* y, DType out);
-  // dx (dtype `out`: fp32 or `in`) from dy and w of dtype `in`.
-  void backward_data(const ConvShape& cs, const void* dy, const void* w, DType in, void* dx,
-                     DType out);
-  // dw (and db when not null), fp32, overwritten; x and dy of dtype `in`.
-  void backward_weights(const ConvShape& cs, const void* x, const void* dy, DType in, float* dw,
-                        float* db);
+  // Each pointer comes with its tensor's dtype; `compute` is the dtype the convolution reads
+  // (fp32, or a 16-bit dtype supports() accepts). A tensor whose dtype or layout differs
+  // from what the primitive wants is converted by the reorder into (or out of) oneDNN's
+  // layout, in the same pass: widening a bf16 tensor costs no pass of its own (oneDNN 2.6
+  // converts fp16 only in its reference reorder, so the CPU backend widens fp16 itself).
+  // y = act(conv(x, w) + bias), rounded once to y's dtype; bias (fp32) may be null.
+  void forward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* w, DType wt,
+               const float* bias, bool relu, void* y, DType yt);
+  // dx from dy and w.
+  void backward_data(const ConvShape& cs, DType compute, const void* dy, DType dyt, const void* w,
+                     DType wt, void* dx, DType dxt);
+  // dw (and db when not null), fp32, overwritten.
+  void backward_weights(const ConvShape& cs, DType compute, const void* x, DType xt, const void* dy,
+                        DType dyt, float* dw, float* db);
+  // Both: backward_weights, then backward_data when dx is not null, reading dy in oneDNN's
+  // layout once when both primitives want the same one.
+  void backward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* dy,
+                DType dyt, const void* w, DType wt, void* dx, DType dxt, float* dw, float* db);
   static std::string version();  // "oneDNN 2.6.3"
 
  private:

@@ -47,12 +47,11 @@ const Tensor& Conv2D::forward(Context& ctx, const Tensor& x) {
 const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
   const Tensor dy = relu_grad_by_next_ ? dy_in : relu_masked(ctx, o_.act, y_.view, dy_in, dy_);
   const Tensor dw = grad_target(ctx, *weight_, dw_);
-  ctx.backend.conv2d_backward_filter(cs_, x_, dy, dw, bias_ ? &bias_->grad : nullptr);
+  Tensor* dx = needs_input_grad_ ? &dx_.ensure(x_.shape, dtype(ctx)) : nullptr;
+  const Tensor w = dx ? weights(ctx, *weight_, w_) : Tensor();
+  ctx.backend.conv2d_backward(cs_, x_, dy, w, dx, dw, bias_ ? &bias_->grad : nullptr);
   commit_grad(ctx, *weight_, dw);
-  if (!needs_input_grad_) return dx_.view;
-  Tensor& dx = dx_.ensure(x_.shape, dtype(ctx));
-  ctx.backend.conv2d_backward_data(cs_, dy, weights(ctx, *weight_, w_), dx);
-  return dx;
+  return dx_.view;
 }
 
 // ---- registration ----------------------------------------------------------------------

@@ -4,7 +4,10 @@
 //  - oneDNN's fp32 GEMM against OpenBLAS's, and native bf16 GEMMs and convolutions against
 //    the widening path (the reference) on every GEMM and convolution shape of the shipped
 //    models (mlp 784-512-256-10, cnn, resnet with its default width 16);
-//  - the native fp32 -> bf16 conversion (VCVTNE2PS2BF16) against the scalar code, bit for bit,
+//  - the widening path's conversions inside oneDNN's reorders against widening first, and the
+//    combined convolution backward against the two separate passes, bit for bit;
+//  - the native fp32 -> bf16 conversion (VCVTNE2PS2BF16) and the kernels' bf16 store against
+//    the scalar code, bit for bit,
 //    and the 16-bit ReLU gradient and bf16 unscale on bit patterns against their definitions.
 #include <gtest/gtest.h>
 
@@ -360,6 +363,92 @@ TEST(NativeConv, MatchesWideningOnEveryModelShape) {
   }
 }
 
+// ---- the widening path converts in oneDNN's reorders --------------------------------------
+
+// bf16 tensors on the fp32 path are widened by the reorder into oneDNN's layout and results
+// rounded by the reorder out of it (fp16 ones by to_f32 / from_f32): bit for bit what
+// widening first (the tensors' exact fp32 values) and rounding the fp32 result once
+// (nearest, ties to even) gives.
+TEST(WidenedConv, ConversionInTheReorderEqualsWideningFirst) {
+  auto be = backend(GemmProvider::onednn, false);
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto round16 = [t](const std::vector<float>& v) {
+      std::vector<float> r;
+      for (float f : v)
+        r.push_back(t == DType::bf16 ? bf16_to_float(float_to_bf16(f))
+                                     : half_to_float(float_to_half(f)));
+      return r;
+    };
+    for (const auto& c : kConvs) {
+      SCOPED_TRACE(c.name);
+      const ConvShape& cs = c.cs;
+      const Shape xs{cs.n, cs.c, cs.h, cs.w}, ws{cs.k, cs.c, cs.r, cs.s},
+          ys{cs.n, cs.k, cs.p(), cs.q()};
+      Values x(size_t(shape_numel(xs)), t, 21), w(size_t(shape_numel(ws)), t, 22),
+          dy(size_t(shape_numel(ys)), t, 23);
+      auto bias = test::uniform_floats(size_t(cs.k), -0.5f, 0.5f, 24);
+      const Tensor tb(bias.data(), {cs.k}, DType::f32);
+      const auto act = c.bias_relu ? kernels::Activation::relu : kernels::Activation::none;
+      const Tensor* b = c.bias_relu ? &tb : nullptr;
+      OwnedTensor y16, y32, dx16, dx32, dw16, dw32, db16, db32;
+      y16.ensure(ys, t), y32.ensure(ys, DType::f32), dx16.ensure(xs, t),
+          dx32.ensure(xs, DType::f32);
+      dw16.ensure(ws, DType::f32), dw32.ensure(ws, DType::f32);
+      db16.ensure({cs.k}, DType::f32), db32.ensure({cs.k}, DType::f32);
+      const Tensor x32(x.f.data(), xs, DType::f32), w32(w.f.data(), ws, DType::f32),
+          dy32(dy.f.data(), ys, DType::f32);
+      be.conv2d_forward(cs, x.tensor(xs, t), w.tensor(ws, t), b, act, y16.view);
+      be.conv2d_forward(cs, x32, w32, b, act, y32.view);
+      EXPECT_EQ(copy_of(y16.view), round16(copy_of(y32.view))) << "forward";
+      be.conv2d_backward_data(cs, dy.tensor(ys, t), w.tensor(ws, t), dx16.view);
+      be.conv2d_backward_data(cs, dy32, w32, dx32.view);
+      EXPECT_EQ(copy_of(dx16.view), round16(copy_of(dx32.view))) << "dx";
+      be.conv2d_backward_filter(cs, x.tensor(xs, t), dy.tensor(ys, t), dw16.view,
+                                c.bias_relu ? &db16.view : nullptr);
+      be.conv2d_backward_filter(cs, x32, dy32, dw32.view, c.bias_relu ? &db32.view : nullptr);
+      EXPECT_EQ(copy_of(dw16.view), copy_of(dw32.view)) << "dW";
+      if (c.bias_relu) EXPECT_EQ(copy_of(db16.view), copy_of(db32.view)) << "db";
+    }
+  }
+}
+
+// conv2d_backward (both passes, dy put into oneDNN's layout once) gives bit for bit what
+// conv2d_backward_filter and conv2d_backward_data give, in fp32 and bf16, widened and native.
+TEST(CombinedConvBackward, EqualsTheSeparatePasses) {
+  const bool has_bf16 = kernels::cpu::host_features().avx512_bf16;
+  for (bool native16 : {false, true}) {
+    if (native16 && !has_bf16) continue;  // the widened run above still ran
+    auto be = backend(GemmProvider::onednn, native16);
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << (native16 ? " native" : " widened"));
+      for (const auto& c : kConvs) {
+        SCOPED_TRACE(c.name);
+        const ConvShape& cs = c.cs;
+        const Shape xs{cs.n, cs.c, cs.h, cs.w}, ws{cs.k, cs.c, cs.r, cs.s},
+            ys{cs.n, cs.k, cs.p(), cs.q()};
+        Values x(size_t(shape_numel(xs)), DType::bf16, 31),
+            w(size_t(shape_numel(ws)), DType::bf16, 32),
+            dy(size_t(shape_numel(ys)), DType::bf16, 33);
+        auto in = [t](Values& v, const Shape& s) {
+          return t == DType::f32 ? Tensor(v.f.data(), s, DType::f32) : v.tensor(s, t);
+        };
+        OwnedTensor dx1, dx2, dw1, dw2, db1, db2;
+        dx1.ensure(xs, t), dx2.ensure(xs, t), dw1.ensure(ws, t), dw2.ensure(ws, t);
+        db1.ensure({cs.k}, DType::f32), db2.ensure({cs.k}, DType::f32);
+        be.conv2d_backward(cs, in(x, xs), in(dy, ys), in(w, ws), &dx1.view, dw1.view,
+                           c.bias_relu ? &db1.view : nullptr);
+        be.conv2d_backward_filter(cs, in(x, xs), in(dy, ys), dw2.view,
+                                  c.bias_relu ? &db2.view : nullptr);
+        be.conv2d_backward_data(cs, in(dy, ys), in(w, ws), dx2.view);
+        EXPECT_EQ(copy_of(dx1.view), copy_of(dx2.view)) << "dx";
+        EXPECT_EQ(copy_of(dw1.view), copy_of(dw2.view)) << "dW";
+        if (c.bias_relu) EXPECT_EQ(copy_of(db1.view), copy_of(db2.view)) << "db";
+      }
+    }
+  }
+}
+
 // ---- native fp32 -> bf16 conversion ------------------------------------------------------
 
 TEST(Bf16Conversion, NativeInstructionMatchesScalarBitForBit) {
@@ -392,6 +481,20 @@ TEST(Bf16Conversion, NativeInstructionMatchesScalarBitForBit) {
 
 // The 16-bit relu_backward works on bit patterns; it must equal the definition (dy where
 // float(y) > 0, else +0) for every pattern of y: zeros, denormals, inf and nan included.
+// The kernels' vectorisable bf16 store is float_to_bf16 on every fp32 pattern's class:
+// each exponent with mantissas around the rounding points, both signs, nans and infinities.
+TEST(Bf16Conversion, ElementStoreMatchesScalarOnEveryExponent) {
+  using E = kernels::cpu::Elem<DType::bf16>;
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e < 256; ++e)
+      for (uint32_t m : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x17fffu, 0x400000u,
+                         0x400001u, 0x7f8000u, 0x7fffffu}) {
+        const uint32_t bits = sign | (e << 23) | m;
+        const float f = std::bit_cast<float>(bits);
+        ASSERT_EQ(E::store(f), float_to_bf16(f)) << "bits 0x" << std::hex << bits;
+      }
+}
+
 TEST(Relu16, BackwardMatchesDefinitionOnEveryPattern) {
   for (DType t : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(t));
