@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -275,24 +276,54 @@ std::unique_ptr<Model> build_model(const ModelSpec& s, DType precision) {
   return ringtrain::build_model(s.name, s.input, s.classes, vars, precision);
 }
 
+// A model on cuda:0 holding the values init_parameters(1) draws on the host (masters and
+// BatchNorm state uploaded), with AdamW and the fp32 gradient it reads: the training state
+// of the benchmarks' steps.
+struct GpuTraining {
+  GpuTraining(kernels::Backend& be, DType precision,
+              const std::function<std::unique_ptr<Model>()>& build)
+      : be_(be), precision_(precision) {
+    {
+      auto host = build();
+      host->init_parameters(1, *kernels::make_cpu_backend(1));
+      DeviceScope scope(kGpu);
+      model = build();
+      copy_bytes(model->master().data, kGpu, host->master().data, Device{},
+                 model->master().bytes());
+      if (model->num_buffer_elems() > 0)
+        copy_bytes(model->state().data, kGpu, host->state().data, Device{}, model->state().bytes());
+    }
+    model->refresh_working_copy(be);
+    opt = make_optimizer(oc, model->num_params());
+    g32 = Buffer(size_t(model->num_params()) * 4, kGpu);
+    grad32 = precision == DType::f32 ? model->grad()
+                                     : Tensor(g32.data(), {model->num_params()}, DType::f32, kGpu);
+  }
+  // Unscale + check, then AdamW on the masters (writing the 16-bit working copy) unless a
+  // gradient was not finite.
+  void update(float loss_scale) {
+    const bool bad = be_.unscale_check(model->grad(), 1.f / loss_scale, grad32);
+    Tensor work = model->work();
+    if (!bad)
+      opt->step(be_, model->master(), grad32, precision_ == DType::f32 ? nullptr : &work, oc.lr);
+  }
+
+  std::unique_ptr<Model> model;
+  OptimizerConfig oc;  // AdamW
+  std::unique_ptr<Optimizer> opt;
+  Buffer g32;
+  Tensor grad32;
+
+ private:
+  kernels::Backend& be_;
+  DType precision_;
+};
+
 TrainRow bench_train(kernels::Backend& be, const ModelSpec& spec, int64_t batch, DType precision,
                      int steps) {
-  auto host_model = build_model(spec, precision);
-  host_model->init_parameters(1, *kernels::make_cpu_backend(1));
-  DeviceScope scope(kGpu);
-  auto model = build_model(spec, precision);
-  copy_bytes(model->master().data, kGpu, host_model->master().data, Device{},
-             model->master().bytes());
-  if (model->num_buffer_elems() > 0)
-    copy_bytes(model->state().data, kGpu, host_model->state().data, Device{},
-               model->state().bytes());
-  model->refresh_working_copy(be);
-  OptimizerConfig oc;  // AdamW
-  auto opt = make_optimizer(oc, model->num_params());
-  Buffer g32(size_t(model->num_params()) * 4, kGpu);
-  Tensor grad32 = precision == DType::f32
-                      ? model->grad()
-                      : Tensor(g32.data(), {model->num_params()}, DType::f32, kGpu);
+  GpuTraining tr(be, precision, [&] { return build_model(spec, precision); });
+  Model* model = tr.model.get();
+  DeviceScope scope(kGpu);  // the layers' activations too
   Shape xs{batch};
   for (int64_t d : spec.input) xs.push_back(d);
   OwnedTensor x32, xc, labels, dl;
@@ -318,10 +349,7 @@ TrainRow bench_train(kernels::Backend& be, const ModelSpec& spec, int64_t batch,
     model->backward(ctx, dlt);
     kernels::cuda::synchronize(0);
     const auto t1 = Clock::now();
-    const bool bad = be.unscale_check(model->grad(), 1.f / scale, grad32);
-    Tensor work = model->work();
-    if (!bad)
-      opt->step(be, model->master(), grad32, precision == DType::f32 ? nullptr : &work, oc.lr);
+    tr.update(scale);
     kernels::cuda::synchronize(0);
     const auto t2 = Clock::now();
     if (step < 0) continue;
@@ -357,20 +385,10 @@ struct GptRow {
 // of the head take no part), backward, unscale + check, AdamW.
 GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t seq, int steps) {
   constexpr int64_t kVocab = 50257;
-  auto host_model = ringtrain::build_model("gpt2-124m", {seq}, kVocab, {}, precision);
-  host_model->init_parameters(1, *kernels::make_cpu_backend(1));
-  DeviceScope scope(kGpu);
-  auto model = ringtrain::build_model("gpt2-124m", {seq}, kVocab, {}, precision);
-  copy_bytes(model->master().data, kGpu, host_model->master().data, Device{},
-             model->master().bytes());
-  host_model.reset();
-  model->refresh_working_copy(be);
-  OptimizerConfig oc;  // AdamW
-  auto opt = make_optimizer(oc, model->num_params());
-  Buffer g32(size_t(model->num_params()) * 4, kGpu);
-  Tensor grad32 = precision == DType::f32
-                      ? model->grad()
-                      : Tensor(g32.data(), {model->num_params()}, DType::f32, kGpu);
+  GpuTraining tr(be, precision,
+                 [&] { return ringtrain::build_model("gpt2-124m", {seq}, kVocab, {}, precision); });
+  Model* model = tr.model.get();
+  DeviceScope scope(kGpu);  // the layers' activations too
   std::vector<int32_t> ids(size_t(batch * (seq + 1)));
   uint64_t st = 7;
   for (auto& id : ids) id = int32_t(splitmix64(st) % uint64_t(kVocab));
@@ -395,10 +413,7 @@ GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t s
     Tensor& dlt = dl.ensure(logits.shape, DType::f32, kGpu);
     be.token_xent(logits, targets.view, kVocab, scale, &dlt);
     model->backward(ctx, dlt);
-    const bool bad = be.unscale_check(model->grad(), 1.f / scale, grad32);
-    Tensor work = model->work();
-    if (!bad)
-      opt->step(be, model->master(), grad32, precision == DType::f32 ? nullptr : &work, oc.lr);
+    tr.update(scale);
     kernels::cuda::synchronize(0);
     if (step >= 0) total += std::chrono::duration<double>(Clock::now() - t0).count();
   }
