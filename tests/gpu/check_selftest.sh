@@ -47,7 +47,10 @@ assert rows == {"ok": "passed", "fails": "**FAILED**", "hangs": "**TIMEOUT**", "
                 "outlives_budget": "**TIMEOUT**", "late": "**NOT-RUN**"}, rows
 print("self-test summary: every outcome marked", s["seconds"], "s")
 PY
-tar tzf "$dir/run/logs.tar.gz" | grep -qx 'logs/fails.log' || fail "logs.tar.gz has no logs/fails.log"
+# The listing first: `tar | grep -q` fails under pipefail when grep's early exit makes tar
+# die of SIGPIPE on a longer listing.
+listing=$(tar tzf "$dir/run/logs.tar.gz") || fail "logs.tar.gz cannot be listed"
+grep -qx 'logs/fails.log' <<<"$listing" || fail "logs.tar.gz has no logs/fails.log: $listing"
 [[ -f $dir/run/cudnn.log ]] || fail "no cudnn.log in the output folder"
 
 # Stopped by SIGTERM in the middle: the summary holds the steps that finished.
