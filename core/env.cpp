@@ -28,6 +28,10 @@ const std::vector<Setting>& settings() {
       {"RINGTRAIN_DIRECT_READ", "0|1", "1", "ringtrain",
        "0: read images through HDF5 hyperslabs instead of pread() of the chunks",
        "usage.md#data-loading"},
+      {"RINGTRAIN_CHECKPOINT_DIRECT", "0|1", "1", "ringtrain",
+       "0: write checkpoint chunks through HDF5's filter pipeline instead of pwritev() of each "
+       "chunk and its Fletcher32",
+       "formats.md#storage-and-integrity"},
       {"RINGTRAIN_RANKS_PER_NODE", "int k", "unset", "ringtrain",
        "treat each k consecutive ranks as one node, instead of the ranks that share memory",
        "usage.md#gradient-communication"},

@@ -119,6 +119,11 @@ class CheckpointStore {
                 const std::vector<OptimizerState>& optimizer,
                 const std::vector<NamedTensor>& per_rank = {},
                 const std::vector<NamedTensor>& buffers = {});
+  // Chunks this process stored directly in its last save (pwritev of the bytes and their
+  // Fletcher32 at the chunk's address, see checkpoint_writer.cpp); 0 when every dataset
+  // went through HDF5's filter pipeline (RINGTRAIN_CHECKPOINT_DIRECT=0, or a layout HDF5
+  // did not allocate as expected).
+  int64_t last_direct_chunks() const { return direct_chunks_; }
   std::vector<std::string> list() const;  // checkpoint files, oldest step first
   // Checkpoints renamed aside as damaged (ckpt-<step>.h5.invalid), oldest step first.
   std::vector<std::string> list_invalid() const;
@@ -136,6 +141,7 @@ class CheckpointStore {
   std::string dir_;
   int keep_;
   int lock_fd_ = -1;  // DIR/.lock while this store holds it
+  int64_t direct_chunks_ = 0;
 };
 
 }  // namespace ringtrain::io

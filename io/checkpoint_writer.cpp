@@ -5,15 +5,33 @@
 // replicated dataset, its own row of each per-rank dataset, and its part of each sharded one
 // (ZeRO-1's optimizer state: hyperslabs of the same full-shape dataset). Then rank 0 fsyncs the
 // .tmp file, renames it into place, fsyncs the directory and prunes old checkpoints.
+//
+// Whole chunks are stored directly: the replicated and per-rank datasets are allocated when
+// created (H5D_ALLOC_TIME_EARLY, collective, so every rank sees the same chunk addresses, each
+// chunk sized for its data and its 4-byte Fletcher32, and filled by HDF5), and after a
+// barrier each rank writes its chunks with pwritev() at those addresses: the data straight
+// from the tensor and the checksum computed by io::fletcher32, the value HDF5's filter would
+// append. That skips HDF5's filter pipeline, which copies every chunk into a fresh buffer and
+// checksums it with a scalar loop (docs/benchmarks.md, checkpoint_bench). HDF5 still writes
+// all metadata, and a reader sees an ordinary file whose checksums it verifies. Where HDF5
+// did not allocate a dataset's chunks as expected, and for sharded tensors (whose parts do
+// not fall on chunk boundaries), the data goes through H5Dwrite; RINGTRAIN_CHECKPOINT_DIRECT=0
+// sends everything through it.
+#include <fcntl.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "core/env.hpp"
 #include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
+#include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
 
 namespace fs = std::filesystem;
@@ -34,7 +52,11 @@ class Writer {
     if (comm_ != MPI_COMM_NULL) H5_CHECK(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE));
   }
 
-  H5Id create(const std::string& path) const {
+  ~Writer() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  H5Id create(const std::string& path) {
     H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
     if (comm_ != MPI_COMM_NULL) {
       H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
@@ -52,8 +74,28 @@ class Writer {
     if (f < 0)
       throw_runtime(__FILE__, __LINE__,
                     cat("cannot create checkpoint '", path, "': ", h5_error_stack()));
+    path_ = path;
+    // Direct chunk writes only when every rank can make them: the choice decides whether
+    // H5Dwrite (collective) is called, so it must be the same everywhere.
+    const char* env = env::raw("RINGTRAIN_CHECKPOINT_DIRECT");
+    if (!(env && std::string(env) == "0")) fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    int ok = fd_ >= 0;
+    if (comm_ != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_);
+    direct_ = ok != 0;
     return H5Id(f);
   }
+
+  // After the last dataset: this rank's direct writes reach the disk before rank 0 renames
+  // the file (rank 0 fsyncs it too, but on a parallel file system each client flushes its
+  // own writes).
+  void finish() {
+    if (fd_ < 0) return;
+    if (direct_chunks_ > 0 && ::fdatasync(fd_) != 0)
+      throw_runtime(__FILE__, __LINE__, cat("fdatasync '", path_, "': ", std::strerror(errno)));
+    ::close(fd_);
+    fd_ = -1;
+  }
+  int64_t direct_chunks() const { return direct_chunks_; }
 
   // Equal chunks of about kChunkBytes along the first dimension: the rows of one chunk.
   static hsize_t chunk_rows_of(const Shape& shape, DType dtype) {
@@ -66,7 +108,7 @@ class Writer {
   }
 
   // A dataset of t's shape; every rank passes the same (replicated) values.
-  void replicated(hid_t loc, const std::string& name, const Tensor& t) const {
+  void replicated(hid_t loc, const std::string& name, const Tensor& t) {
     Shape shape = t.shape.empty() ? Shape{1} : t.shape;
     const hsize_t rows = hsize_t(shape[0]);
     const hsize_t chunk_rows = chunk_rows_of(shape, t.dtype);
@@ -93,7 +135,7 @@ class Writer {
   }
 
   // A dataset [W, row...] of which this rank writes row `rank`.
-  void per_rank(hid_t loc, const std::string& name, const Tensor& row) const {
+  void per_rank(hid_t loc, const std::string& name, const Tensor& row) {
     Shape shape = {size_};
     shape.insert(shape.end(), row.shape.begin(), row.shape.end());
     write(loc, name,
@@ -122,7 +164,7 @@ class Writer {
   }
 
   void write(hid_t loc, const std::string& name, const Tensor& t, const Shape& shape,
-             hsize_t chunk_rows, hsize_t lo, hsize_t hi) const {
+             hsize_t chunk_rows, hsize_t lo, hsize_t hi) {
     std::vector<hsize_t> dims(shape.begin(), shape.end());
     H5Id fspace(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
     H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
@@ -133,10 +175,21 @@ class Writer {
       H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
       H5_CHECK(H5Pset_fletcher32(dcpl));
       H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+      if (direct_) H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
     }
     H5Id ds(H5_CHECK(
         H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
     if (empty_dataset) return;
+    if (direct_) {
+      const std::vector<haddr_t> addr = chunk_addresses(ds, dims, chunk_rows, t.dtype);
+      if (!addr.empty()) {
+        // HDF5 filled every chunk when it allocated them (it always does for a filtered
+        // dataset, each rank writing some chunks' fill); only after every rank's share of
+        // that has been written may a rank overwrite its chunks with the data.
+        if (comm_ != MPI_COMM_NULL) MPI_Barrier(comm_);
+        return write_chunks(name, t, dims, chunk_rows, lo, hi, addr);
+      }
+    }
     std::vector<hsize_t> start(dims.size(), 0), count = dims;
     start[0] = lo;
     count[0] = hi - lo;
@@ -153,9 +206,87 @@ class Writer {
     H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), mspace, fspace, dxpl_, t.data));
   }
 
+  // The file address of every chunk of ds, when HDF5 allocated each at exactly its data's
+  // bytes + 4 (the Fletcher32); else empty. Every rank looks up every chunk in the same
+  // order (collective metadata reads) and so gets the same answer.
+  static std::vector<haddr_t> chunk_addresses(hid_t ds, const std::vector<hsize_t>& dims,
+                                              hsize_t chunk_rows, DType dtype) {
+    const hsize_t rows = dims[0];
+    const hsize_t nchunks = (rows + chunk_rows - 1) / chunk_rows;
+    const hsize_t stored =
+        chunk_rows * hsize_t(shape_numel(Shape(dims.begin(), dims.end())) / int64_t(rows)) *
+            dtype_size(dtype) +
+        4;
+    std::vector<haddr_t> addr(nchunks);
+    std::vector<hsize_t> offset(dims.size(), 0);
+    for (hsize_t c = 0; c < nchunks; ++c) {
+      offset[0] = c * chunk_rows;
+      unsigned mask = 0;
+      haddr_t a = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(ds, offset.data(), &mask, &a, &size) < 0 || a == HADDR_UNDEF ||
+          size != stored || mask != 0)
+        return {};
+      addr[c] = a;
+    }
+    return addr;
+  }
+
+  // Rows [lo, hi) of t, whole chunks, each stored at addr[chunk] as data + Fletcher32
+  // (little-endian, as HDF5's filter appends it). A last chunk with fewer rows is stored
+  // whole, its missing rows as zeros.
+  void write_chunks(const std::string& name, const Tensor& t, const std::vector<hsize_t>& dims,
+                    hsize_t chunk_rows, hsize_t lo, hsize_t hi, const std::vector<haddr_t>& addr) {
+    const hsize_t row_bytes = t.bytes() / dims[0];
+    const size_t chunk_bytes = size_t(chunk_rows * row_bytes);
+    RT_CHECK(lo % chunk_rows == 0 && (hi % chunk_rows == 0 || hi == dims[0]),
+             "checkpoint dataset '", name, "': rows [", lo, ", ", hi, ") are not whole chunks of ",
+             chunk_rows);
+    std::vector<unsigned char> edge;
+    for (hsize_t r = lo; r < hi; r += chunk_rows) {
+      const auto* src = static_cast<const unsigned char*>(t.data) + r * row_bytes;
+      const size_t have = size_t(std::min(chunk_rows, dims[0] - r) * row_bytes);
+      if (have < chunk_bytes) {
+        edge.assign(chunk_bytes, 0);
+        std::memcpy(edge.data(), src, have);
+        src = edge.data();
+      }
+      unsigned char sum[4];
+      const uint32_t f = fletcher32(src, chunk_bytes);
+      for (int i = 0; i < 4; ++i) sum[i] = static_cast<unsigned char>(f >> (8 * i));
+      pwrite_all(name, {{const_cast<unsigned char*>(src), chunk_bytes}, {sum, 4}},
+                 off_t(addr[r / chunk_rows]));
+      ++direct_chunks_;
+    }
+  }
+
+  void pwrite_all(const std::string& name, std::vector<iovec> iov, off_t at) const {
+    size_t first = 0;
+    while (first < iov.size()) {
+      const ssize_t n = ::pwritev(fd_, iov.data() + first, int(iov.size() - first), at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw_runtime(__FILE__, __LINE__,
+                      cat("writing dataset '", name, "' to '", path_,
+                          "': ", n < 0 ? std::strerror(errno) : "no progress"));
+      at += n;
+      for (size_t left = size_t(n); left > 0;) {
+        const size_t step = std::min(left, iov[first].iov_len);
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
+        iov[first].iov_len -= step;
+        left -= step;
+        if (iov[first].iov_len == 0) ++first;
+      }
+    }
+  }
+
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   H5Id dxpl_;
+  std::string path_;
+  int fd_ = -1;          // the .tmp file, for direct chunk writes
+  bool direct_ = false;  // every rank has fd_ and RINGTRAIN_CHECKPOINT_DIRECT is not 0
+  int64_t direct_chunks_ = 0;
 };
 
 // Creates the groups of a path like "optimizer/fc1.weight/exp_avg" that do not exist yet.
@@ -184,6 +315,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<NamedTensor>& buffers) {
   require_finite_for_save(m, params, optimizer, buffers);  // before any file is created
   H5Lock lock;
+  direct_chunks_ = 0;
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
@@ -246,6 +378,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       ensure_parents(f, p.name);
       w.per_rank(f, p.name, p.tensor);
     }
+    w.finish();
+    direct_chunks_ = w.direct_chunks();
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
     // Leaving the block closes the file collectively: complete on every rank's side. On an
     // error the handles stay open (see H5Id) and the job ends from this rank.

@@ -65,6 +65,13 @@ TEST(ParallelCheckpoint, EveryRankWritesItsShareAndTheFileReadsBackExactly) {
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   ASSERT_EQ(failed, 0);
   MPI_Barrier(MPI_COMM_WORLD);  // rank 0 renamed the file into place
+  // Every chunk was stored directly (pwritev with its Fletcher32) by exactly one rank: p0,
+  // p1 and p4 one chunk each, p2 and its momentum 2 each (1.4 MB), p3 4 (4 MB), and one row
+  // of rng/streams per rank.
+  int64_t direct = store.last_direct_chunks();
+  EXPECT_GT(direct, 0) << "rank " << rank << " wrote its rng/streams row through the filter";
+  MPI_Allreduce(MPI_IN_PLACE, &direct, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(direct, 11 + size);
 
   const std::string file = store.path_for(7);
   std::string why;
