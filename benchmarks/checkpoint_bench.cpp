@@ -3,7 +3,10 @@
 // all ranks write the checkpoint together (parallel HDF5, as training does); the reference
 // is rank 0 writing one plain file with write() in 8 MiB blocks, then fsync. Sizes: the
 // MLP's training state (params + AdamW moments, 6.4 MB) and larger states. Median of 3.
-// Also the time to read the state back on every rank, as a resume does.
+// Also the time to read the state back on every rank, as a resume does. Each state is saved
+// both ways the writer can store chunks, alternating: "direct" (pwritev of each chunk and its
+// Fletcher32, the default) and "pipeline" (RINGTRAIN_CHECKPOINT_DIRECT=0: H5Dwrite through
+// HDF5's Fletcher32 filter).
 //   usage: mpirun -n N checkpoint_bench [--dir DIR] [--json]
 #include <fcntl.h>
 #include <malloc.h>
@@ -11,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -79,8 +83,9 @@ int main(int argc, char** argv) {
   if (rank == 0 && !json)
     std::printf(
         "# checkpoint write (parallel HDF5, %d rank(s), fsync + rename) vs raw write + fsync\n"
-        "%-20s %12s %10s %12s %10s %7s %8s\n",
-        size, "state", "bytes", "ckpt_s", "ckpt_MB/s", "raw_MB/s", "ratio", "read_s");
+        "%-20s %-9s %12s %10s %12s %10s %7s %8s %8s\n",
+        size, "state", "writer", "bytes", "ckpt_s", "ckpt_MB/s", "raw_MB/s", "ratio", "read_s",
+        "direct");
   if (rank == 0 && json) std::printf("[");
   for (size_t c = 0; c < cases.size(); ++c) {
     const int64_t n = cases[c].second;
@@ -104,38 +109,51 @@ int main(int argc, char** argv) {
     meta.optimizer = "adamw";
     meta.world_size = size;
     io::CheckpointStore store(dir, 1);
-    std::vector<double> ckpt, raw, read;
+    const char* writers[2] = {"direct", "pipeline"};
+    std::array<std::vector<double>, 2> ckpt, raw, read;
+    std::array<int64_t, 2> direct_chunks{};
     uint64_t bytes = 0;
     for (int rep = 0; rep < 3; ++rep) {
-      meta.step = rep + 1;
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = Clock::now();
-      const uint64_t b = store.save(MPI_COMM_WORLD, meta, params, opt);
-      MPI_Barrier(MPI_COMM_WORLD);
-      ckpt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      // Reading it back, as a resume does on every rank: parameters and optimizer state.
-      const auto t1 = Clock::now();
-      io::read_checkpoint_params(store.path_for(meta.step), params);
-      io::read_checkpoint_optimizer(store.path_for(meta.step), opt);
-      MPI_Barrier(MPI_COMM_WORLD);
-      read.push_back(std::chrono::duration<double>(Clock::now() - t1).count());
-      if (rank == 0) {
-        bytes = b;
-        raw.push_back(raw_write(dir + "/raw.bin", bytes));
+      for (int w = 0; w < 2; ++w) {
+        if (w)
+          setenv("RINGTRAIN_CHECKPOINT_DIRECT", "0", 1);
+        else
+          unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+        meta.step = 2 * rep + w + 1;
+        MPI_Barrier(MPI_COMM_WORLD);
+        const auto t0 = Clock::now();
+        const uint64_t b = store.save(MPI_COMM_WORLD, meta, params, opt);
+        MPI_Barrier(MPI_COMM_WORLD);
+        ckpt[w].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        direct_chunks[w] = store.last_direct_chunks();
+        // Reading it back, as a resume does on every rank: parameters and optimizer state.
+        const auto t1 = Clock::now();
+        io::read_checkpoint_params(store.path_for(meta.step), params);
+        io::read_checkpoint_optimizer(store.path_for(meta.step), opt);
+        MPI_Barrier(MPI_COMM_WORLD);
+        read[w].push_back(std::chrono::duration<double>(Clock::now() - t1).count());
+        if (rank == 0) {
+          bytes = b;
+          raw[w].push_back(raw_write(dir + "/raw.bin", bytes));
+        }
       }
     }
-    if (rank == 0) {
-      const double cs = median3(ckpt), rs = median3(raw), rd = median3(read);
+    unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+    for (int w = 0; w < 2 && rank == 0; ++w) {
+      const double cs = median3(ckpt[w]), rs = median3(raw[w]), rd = median3(read[w]);
       const double cmb = double(bytes) / cs / 1e6, rmb = double(bytes) / rs / 1e6;
       if (json)
         std::printf(
-            "%s{\"state\":\"%s\",\"ranks\":%d,\"bytes\":%llu,\"ckpt_s\":%.4f,\"ckpt_MBps\":%.1f,"
-            "\"raw_MBps\":%.1f,\"ratio\":%.3f,\"read_s\":%.4f}",
-            c ? "," : "", cases[c].first, size, static_cast<unsigned long long>(bytes), cs, cmb,
-            rmb, cmb / rmb, rd);
+            "%s{\"state\":\"%s\",\"writer\":\"%s\",\"ranks\":%d,\"bytes\":%llu,"
+            "\"ckpt_s\":%.4f,\"ckpt_MBps\":%.1f,\"raw_MBps\":%.1f,\"ratio\":%.3f,"
+            "\"read_s\":%.4f,\"direct_chunks_rank0\":%lld}",
+            c || w ? "," : "", cases[c].first, writers[w], size,
+            static_cast<unsigned long long>(bytes), cs, cmb, rmb, cmb / rmb, rd,
+            static_cast<long long>(direct_chunks[w]));
       else
-        std::printf("%-20s %12llu %10.3f %12.1f %10.1f %7.3f %8.3f\n", cases[c].first,
-                    static_cast<unsigned long long>(bytes), cs, cmb, rmb, cmb / rmb, rd);
+        std::printf("%-20s %-9s %12llu %10.3f %12.1f %10.1f %7.3f %8.3f %8lld\n", cases[c].first,
+                    writers[w], static_cast<unsigned long long>(bytes), cs, cmb, rmb, cmb / rmb, rd,
+                    static_cast<long long>(direct_chunks[w]));
     }
   }
   if (rank == 0 && json) std::printf("]\n");
