@@ -55,6 +55,12 @@ class Trainer {
   // a loop of these; tests drive it directly.
   StepOutcome step_once();
 
+  // --zero 1: a step leaves its all-gather of the working weights in flight; the next
+  // step's forward waits node by node for the buckets it reads. This waits for all of it
+  // (before anything else reads the weights or calls a collective: evaluation, checkpoints,
+  // the end of the run, tests). A no-op when nothing is in flight.
+  void finish_weight_gather();
+
   Model& model() { return *model_; }
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
@@ -131,6 +137,9 @@ class Trainer {
   void apply_update(int64_t step, double sum_sq);
   // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
   Tensor shard_grad() const;
+  // --zero 1, the layer hook before node `node`: waits for the buckets of its parameters
+  // (and of every earlier node's, which covers a parameter it shares with one of them).
+  void wait_for_node_weights(size_t node);
   std::string memory_report() const;  // bytes per rank of the training state and the wire
   // --zero 1: the parameters' parts of this rank's shard of `shard` (a flat fp32 tensor of
   // the shard's size), as the checkpoint's full-shape datasets name them.
@@ -180,6 +189,14 @@ class Trainer {
   Buffer grad32_storage_;
   Tensor grad32_;             // --zero 1 in fp16/bf16: only this rank's shard
   comm::ShardLayout shards_;  // --zero 1: the ranks' shards of the flat buffers
+  // --zero 1: per node, the lowest bucket holding a parameter of it or of an earlier node
+  // (the last one gathered that it needs; SIZE_MAX: none); per bucket and rank, the
+  // fp32-read parameters' elements in both (fp16/bf16); whether a step's all-gather is in
+  // flight, and which step's.
+  std::vector<size_t> node_bucket_;
+  std::vector<std::vector<int64_t>> fp32_counts_;
+  bool gather_pending_ = false;
+  int64_t gather_step_ = 0;
   OwnedTensor xc_, dlogits_;
   Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
   Tensor acc32_;

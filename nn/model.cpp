@@ -246,14 +246,14 @@ int64_t Model::fp32_count_in(int64_t lo, int64_t hi) const {
   return n;
 }
 
-void Model::copy_shard_to_fp32() {
-  const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
+void Model::copy_shard_to_fp32(int64_t from, int64_t to) {
+  const int64_t lo = std::max(from, master_lo_), hi = std::min(to, master_lo_ + master_count_);
   const Device dev = master_.device();
   for (const auto& s : fp32_segments_) {
     const int64_t a = std::max(lo, s.flat), b = std::min(hi, s.flat + s.count);
     if (a < b)
       copy_bytes(static_cast<float*>(fp32_.data()) + s.at + (a - s.flat), dev,
-                 static_cast<float*>(master_.data()) + (a - lo), dev, size_t(b - a) * 4);
+                 static_cast<float*>(master_.data()) + (a - master_lo_), dev, size_t(b - a) * 4);
   }
 }
 
