@@ -135,7 +135,7 @@ void Trainer::setup() {
   if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
   // --zero 1 in fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32
   // copy is needed anyway as the working weights, and the shard is a slice of it).
-  if (cfg_.zero && cfg_.precision != DType::f32 && device_.kind == Device::cpu)
+  if (cfg_.zero && cfg_.precision != DType::f32)
     model_->shard_masters(shards_.begin(comm_.rank()), shards_.end(comm_.rank()));
   optimizer_ = make_optimizer(cfg_.optimizer,
                               cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
@@ -169,10 +169,11 @@ void Trainer::setup() {
   grad32_ = cfg_.precision == DType::f32
                 ? model_->grad()
                 : Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device());
-  RT_REQUIRE(!cfg_.zero || device_.kind == Device::cpu,
-             "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
-             "buffers is not sharded yet); use --zero 0 with --device cuda");
-  if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+  // cuda: host copies of what a checkpoint holds (--zero 1: this rank's shards of it).
+  if (device_.kind == Device::cuda)
+    host_ = shards_.empty() ? std::make_unique<HostMirror>(*model_, optimizer_.get())
+                            : std::make_unique<HostMirror>(param_views(), optimizer_views(),
+                                                           buffer_views(*model_));
 }
 
 std::pair<Shape, int64_t> Trainer::setup_data() {
