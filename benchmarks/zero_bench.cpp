@@ -133,6 +133,7 @@ void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communica
 
 int main(int argc, char** argv) {
   int level = 0;
+  ringtrain::comm::prefer_yielding_mpi_waits();  // as `ringtrain train` does
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
   int64_t params = 0, train_steps = 100, train_batch = 128;
   int iters = 20;
