@@ -46,6 +46,7 @@ class Trainer {
     double loss_sum = 0, correct = 0;  // over the global batch
     // This rank's seconds: waiting for data, forward + backward, the bucket allreduces
     // (mostly hidden behind backward), the part of them backward did not hide, whole step.
+    // (--zero 1: what of the all-gather the next forward waits for counts in that step.)
     double data_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
     bool stop = false;      // some rank got a stop signal
     bool save_due = false;  // --checkpoint-secs elapsed on rank 0
@@ -133,7 +134,8 @@ class Trainer {
   void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
   // Clip (by the norm whose square, summed over ranks, is `sum_sq` under --zero 1), then the
   // optimizer at the schedule's lr; under --zero 1 on this rank's shard, bucket by bucket,
-  // each bucket's masters all-gathered while the next is updated.
+  // each bucket's working weights all-gathered while the next is updated and while the next
+  // step's forward runs (the step returns with the all-gather in flight).
   void apply_update(int64_t step, double sum_sq);
   // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
   Tensor shard_grad() const;
