@@ -10,9 +10,9 @@
 //  3. Time (under mpirun -n W): the allreduce of the gradient against reduce-scatter +
 //     all-gather over the shard layout, the same buffer, measured in the same run (ratio).
 //  4. With --train DATA: training step time of --zero 1 against --zero 0 in one run: two
-//     Trainers of the same model (--model, AdamW, --threads 1) side by side, their steps
-//     alternated after a warm-up, so that the machine's load affects both alike; fp32 and
-//     bf16; the ratio of the summed step times (and the median steps').
+//     Trainers of the same model (--model, AdamW, --threads 1) side by side, blocks of 10
+//     steps alternated after a warm-up, so that the machine's load affects both alike; fp32
+//     and bf16; the ratio of the mean step times (and of the median blocks').
 // Usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] [--iters K]
 //                               [--train DATA [--model NAME] [--steps K] [--batch G]]
 #include <mpi.h>
@@ -81,6 +81,8 @@ void print_memory(const char* name, int64_t p, int64_t fp32_read, DType precisio
 void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communicator& c1,
                    const std::string& data, const std::string& model, DType precision,
                    int64_t steps, int64_t batch) {
+  constexpr int64_t kBlock = 10;
+  steps = std::max<int64_t>(kBlock, steps / kBlock * kBlock);  // whole blocks
   ringtrain::launch::TrainConfig cfg;
   cfg.data = data;
   cfg.model = model;
@@ -95,32 +97,43 @@ void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communica
   for (int i = 0; i < 5; ++i) {  // warm-up: first-touch pages, oneDNN primitives
     plain.step_once();
     zero.step_once();
+    zero.finish_weight_gather();
   }
-  std::vector<double> t0, t1;
-  for (int64_t i = 0; i < steps; ++i) {  // alternate which goes first
+  // Blocks of kBlock steps, alternated, each timed whole: a --zero 1 step leaves its
+  // all-gather to the next step's forward, so a block ends with finish_weight_gather() (its
+  // last all-gather exposed, once per block) and a block's steps count together.
+  std::vector<double> t0, t1;  // seconds per step, one entry per block
+  auto block = [&](ringtrain::launch::Trainer& t) {
+    const auto begin = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < kBlock; ++k) t.step_once();
+    t.finish_weight_gather();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() /
+           double(kBlock);
+  };
+  for (int64_t i = 0; i < steps / kBlock; ++i) {  // alternate which goes first
     auto& first = i % 2 ? zero : plain;
     auto& second = i % 2 ? plain : zero;
-    const double a = first.step_once().step_s, b = second.step_once().step_s;
+    const double a = block(first), b = block(second);
     (i % 2 ? t1 : t0).push_back(a);
     (i % 2 ? t0 : t1).push_back(b);
   }
   double s0 = 0, s1 = 0;
-  for (double v : t0) s0 += v;
-  for (double v : t1) s1 += v;
+  for (double v : t0) s0 += v / double(t0.size());
+  for (double v : t1) s1 += v / double(t1.size());
   std::sort(t0.begin(), t0.end());
   std::sort(t1.begin(), t1.end());
   const double m0 = t0[t0.size() / 2], m1 = t1[t1.size() / 2];
   if (c0.rank() == 0)
     std::printf("%-6s %-6s %6lld %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f\n", model.c_str(),
-                ringtrain::dtype_name(precision), static_cast<long long>(steps),
-                s0 / double(steps) * 1e3, s1 / double(steps) * 1e3, s1 / s0, m0 * 1e3, m1 * 1e3,
-                m1 / m0);
+                ringtrain::dtype_name(precision), static_cast<long long>(steps), s0 * 1e3, s1 * 1e3,
+                s1 / s0, m0 * 1e3, m1 * 1e3, m1 / m0);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int level = 0;
+  ringtrain::comm::prefer_yielding_mpi_waits();  // as `ringtrain train` does
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
   int64_t params = 0, train_steps = 100, train_batch = 128;
   int iters = 20;

@@ -130,7 +130,9 @@ void GradReducer::gather(size_t b) {
   watch_.enter(step_, int64_t(2 * buckets_.size() - 1 - b), "weight all-gather", int64_t(b));
   comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
                    cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
-  if (b == 0 && extra_.data != nullptr) comm_.allgatherv(extra_.data, extra_counts_, extra_.dtype);
+  if (extra_.data != nullptr && extra_count_[b] > 0)
+    comm_.allgatherv(extra_.slice(extra_at_[b], {extra_count_[b]}).data, extra_counts_[b],
+                     extra_.dtype);
   watch_.leave();
   const auto t1 = Clock::now();
   gather_s_ += std::chrono::duration<double>(t1 - t0).count();
@@ -161,20 +163,35 @@ void GradReducer::run() {
   }
 }
 
-void GradReducer::start_gather(Tensor work, Tensor extra, std::vector<int64_t> extra_counts) {
+void GradReducer::start_gather(Tensor work, Tensor extra,
+                               std::vector<std::vector<int64_t>> extra_counts) {
   RT_CHECK(sharded(), "all-gather of the working weights without a shard layout");
   RT_CHECK(work.numel() == grad_.numel(), "all-gather of ", work.numel(), " elements over ",
            grad_.numel());
-  int64_t extra_total = 0;
-  for (int64_t c : extra_counts) extra_total += c;
   if (extra.data != nullptr && extra.numel() == 0) extra = Tensor();  // nothing to gather
-  RT_CHECK(extra.data == nullptr ||
-               (int(extra_counts.size()) == comm_.size() && extra_total == extra.numel()),
-           "all-gather of ", extra.numel(), " extra elements as ", extra_total);
+  // Bucket b's part of `extra` follows the parts of the buckets after it (lower flat
+  // offsets): the last bucket's part starts at element 0.
+  const size_t nb = buckets_.size();
+  std::vector<int64_t> at(nb, 0), count(nb, 0);
+  if (extra.data != nullptr) {
+    RT_CHECK(extra_counts.size() == nb, "all-gather of fp32 parts of ", extra_counts.size(),
+             " buckets over ", nb);
+    int64_t total = 0;
+    for (size_t b = nb; b-- > 0;) {
+      RT_CHECK(int(extra_counts[b].size()) == comm_.size(), "fp32 parts of bucket ", b, " for ",
+               extra_counts[b].size(), " ranks");
+      at[b] = total;
+      for (int64_t c : extra_counts[b]) count[b] += c;
+      total += count[b];
+    }
+    RT_CHECK(total == extra.numel(), "all-gather of ", extra.numel(), " extra elements as ", total);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   gather_ = work;
   extra_ = extra;
   extra_counts_ = std::move(extra_counts);
+  extra_at_ = std::move(at);
+  extra_count_ = std::move(count);
   gather_ready_ = gathered_ = 0;
 }
 
@@ -186,19 +203,22 @@ void GradReducer::gather_ready(size_t bucket) {
   cv_.notify_all();
 }
 
-double GradReducer::finish_gather() {
+double GradReducer::wait_gathered(size_t bucket) {
+  RT_CHECK(bucket < buckets_.size(), "bucket ", bucket, " of ", buckets_.size());
+  const size_t needed = buckets_.size() - bucket;  // buckets gathered from the last one
   const auto t0 = Clock::now();
-  if (!cfg_.overlap) {  // the same buckets in the same order, after the optimizer
-    for (size_t b = buckets_.size(); b-- > 0;) gather(b);
+  if (!cfg_.overlap) {  // the same buckets in the same order, on this thread
+    while (gathered_ < needed) gather(buckets_.size() - 1 - gathered_++);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
   std::unique_lock<std::mutex> lock(mu_);
-  gather_ready_ = buckets_.size();
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return gathered_ == buckets_.size(); });
+  if (gathered_ >= needed && !error_) return 0;
+  cv_.wait(lock, [&] { return gathered_ >= needed; });
   if (error_) std::rethrow_exception(error_);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+double GradReducer::finish_gather() { return wait_gathered(0); }
 
 double GradReducer::finish() {
   const auto t0 = Clock::now();

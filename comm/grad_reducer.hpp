@@ -9,10 +9,10 @@
 // sum of its shard's part of the bucket (the same bytes on the wire as the allreduce, half
 // of them now and half in the all-gather). After the optimizer has updated a bucket's
 // shard of the working weights, gather_ready() hands the bucket to the same communication
-// thread, which all-gathers it while the optimizer goes on with the next bucket. The
-// all-gather runs in reverse bucket order: the first layers' bucket (usually the largest,
-// and the one the next forward needs first) goes first, so the bucket left exposed at the
-// end is the small first bucket of the last layers.
+// thread, which all-gathers it while the optimizer goes on with the next bucket and while
+// the next step's forward runs: wait_gathered(b) blocks only until bucket b is complete.
+// The all-gather runs in reverse bucket order: the first layers' bucket (the one the next
+// forward needs first) goes first.
 #pragma once
 
 #include <chrono>
@@ -78,12 +78,17 @@ class GradReducer {
   // ZeRO-1, after finish(): all-gathers `work` (the flat working weights, any dtype) bucket
   // by bucket, bucket b once gather_ready(b) was called (in reverse bucket order, from the
   // last bucket to bucket 0, after this rank updated its shard of the bucket). `extra`
-  // (optional: the full fp32 copy of parameters layers read in fp32), whose rank r holds
-  // extra_counts[r] elements in rank order, is all-gathered after bucket 0, so it must be up
-  // to date when bucket 0 is ready. finish_gather() waits for bucket 0 and returns the
-  // seconds it waited.
-  void start_gather(Tensor work, Tensor extra = {}, std::vector<int64_t> extra_counts = {});
+  // (optional: the compact fp32 copy of the parameters layers read in fp32, in flat order)
+  // is all-gathered with the buckets: extra_counts[b][r] of its elements lie in bucket b and
+  // rank r's shard, so bucket b's part of it must be up to date when b is ready.
+  // wait_gathered(b) waits until bucket b is gathered (the buckets after it are too);
+  // finish_gather() until every bucket is. Both return the seconds they waited and rethrow
+  // an error of the communication thread. Nothing else may use the communicator's
+  // collectives between start_gather() and finish_gather() (the thread is in them).
+  void start_gather(Tensor work, Tensor extra = {},
+                    std::vector<std::vector<int64_t>> extra_counts = {});
   void gather_ready(size_t bucket);
+  double wait_gathered(size_t bucket);
   double finish_gather();
   double gather_seconds() const { return gather_s_; }  // summed over the last step's buckets
   bool sharded() const { return !cfg_.shards.empty(); }
@@ -112,9 +117,10 @@ class GradReducer {
   int64_t step_ = 0;
   double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;
-  Tensor gather_;  // the working weights of the step's all-gather
-  Tensor extra_;   // and the fp32 region gathered after them
-  std::vector<int64_t> extra_counts_;
+  Tensor gather_;                                   // the working weights of the step's all-gather
+  Tensor extra_;                                    // and the fp32 region gathered with them
+  std::vector<std::vector<int64_t>> extra_counts_;  // per bucket, per rank
+  std::vector<int64_t> extra_at_, extra_count_;     // per bucket: its part of extra_
   // Shared with the communication thread.
   std::mutex mu_;
   std::condition_variable cv_;

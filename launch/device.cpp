@@ -3,6 +3,7 @@
 // whose stubs answer "not built" in a build without CUDA.
 #include "launch/device.hpp"
 
+#include <algorithm>
 #include <iostream>
 
 #include "comm/hierarchical.hpp"
@@ -102,43 +103,50 @@ const io::Batch& BatchStage::operator()(const io::Batch& host, Device device) {
   return batch_;
 }
 
-HostMirror::HostMirror(Model& model, const Optimizer* opt) : model_(model), opt_(opt) {
-  const Device host{};
-  master_ = Buffer(model.master().bytes(), host);
-  state_ = Buffer(model.state().bytes(), host);
-  const Tensor m(master_.data(), {model.num_params()}, DType::f32, host);
-  const Tensor s(state_.data(), {model.num_buffer_elems()}, DType::f32, host);
+Tensor HostMirror::mirror(const Tensor& t) {
+  storage_.emplace_back(std::max<size_t>(t.bytes(), 4), Device{});  // (an empty part: 0 bytes)
+  const Tensor h(storage_.back().data(), t.shape, t.dtype, Device{});
+  copies_.push_back({t, h});
+  return h;
+}
+
+HostMirror::HostMirror(Model& model, const Optimizer* opt) {
+  const Tensor m = mirror(model.master()), s = mirror(model.state());
   for (const auto& p : model.params()) params.push_back({p.name, m.slice(p.offset, p.shape)});
   for (const auto& b : model.buffers()) buffers.push_back({b.name, s.slice(b.offset, b.shape)});
-  if (!opt_) return;
-  for (size_t i = 0; i < opt_->state_names().size(); ++i) {
-    opt_state_.emplace_back(opt_->state(i).bytes(), host);
-    const Tensor t(opt_state_.back().data(), {model.num_params()}, DType::f32, host);
-    io::OptimizerState st{opt_->state_names()[i], {}};
+  if (!opt) return;
+  for (size_t i = 0; i < opt->state_names().size(); ++i) {
+    const Tensor t = mirror(opt->state(i));
+    io::OptimizerState st{opt->state_names()[i], {}};
     for (const auto& p : model.params())
       st.per_param.push_back({p.name, t.slice(p.offset, p.shape)});
     optimizer.push_back(std::move(st));
   }
 }
 
-void HostMirror::download() {
-  const Tensor m = model_.master(), s = model_.state();
-  copy_bytes(master_.data(), Device{}, m.data, m.device, m.bytes());
-  copy_bytes(state_.data(), Device{}, s.data, s.device, s.bytes());
-  for (size_t i = 0; i < opt_state_.size(); ++i) {
-    const Tensor t = opt_->state(i);
-    copy_bytes(opt_state_[i].data(), Device{}, t.data, t.device, t.bytes());
+HostMirror::HostMirror(const std::vector<io::NamedTensor>& device_params,
+                       const std::vector<io::OptimizerState>& device_optimizer,
+                       const std::vector<io::NamedTensor>& device_buffers) {
+  auto copy_of = [&](const io::NamedTensor& v) {
+    return io::NamedTensor(v.name, mirror(v.tensor), v.full_shape, v.part_offset);
+  };
+  for (const auto& v : device_params) params.push_back(copy_of(v));
+  for (const auto& v : device_buffers) buffers.push_back(copy_of(v));
+  for (const auto& st : device_optimizer) {
+    io::OptimizerState h{st.state, {}};
+    for (const auto& v : st.per_param) h.per_param.push_back(copy_of(v));
+    optimizer.push_back(std::move(h));
   }
 }
 
+void HostMirror::download() {
+  for (const Copy& c : copies_)
+    copy_bytes(c.host.data, Device{}, c.device.data, c.device.device, c.device.bytes());
+}
+
 void HostMirror::upload() {
-  const Tensor m = model_.master(), s = model_.state();
-  copy_bytes(m.data, m.device, master_.data(), Device{}, m.bytes());
-  copy_bytes(s.data, s.device, state_.data(), Device{}, s.bytes());
-  for (size_t i = 0; i < opt_state_.size(); ++i) {
-    const Tensor t = opt_->state(i);
-    copy_bytes(t.data, t.device, opt_state_[i].data(), Device{}, t.bytes());
-  }
+  for (const Copy& c : copies_)
+    copy_bytes(c.device.data, c.device.device, c.host.data, Device{}, c.device.bytes());
 }
 
 const float* host_floats(const Tensor& t, std::vector<float>& staging) {

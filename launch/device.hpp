@@ -66,16 +66,24 @@ class BatchStage {
 class HostMirror {
  public:
   HostMirror(Model& model, const Optimizer* opt);  // opt may be null (eval)
-  void download();                                 // device -> host (before a save)
-  void upload();  // host -> device (after a load); refresh the working copy afterwards
+  // The same for any views of device buffers, e.g. --zero 1's shards (Trainer::param_views
+  // and optimizer_views): one host copy per view, with its name, full shape and offset.
+  HostMirror(const std::vector<io::NamedTensor>& params,
+             const std::vector<io::OptimizerState>& optimizer,
+             const std::vector<io::NamedTensor>& buffers);
+  void download();  // device -> host (before a save)
+  void upload();    // host -> device (after a load); refresh the working copy afterwards
   std::vector<io::NamedTensor> params, buffers;
   std::vector<io::OptimizerState> optimizer;
 
  private:
-  Model& model_;
-  const Optimizer* opt_;
-  Buffer master_, state_;
-  std::vector<Buffer> opt_state_;
+  // A host buffer of t's size, copied to and from t; returns the host tensor.
+  Tensor mirror(const Tensor& t);
+  struct Copy {
+    Tensor device, host;
+  };
+  std::vector<Copy> copies_;
+  std::vector<Buffer> storage_;
 };
 
 // An fp32 tensor's values readable on the host: its own memory on cpu, else a copy in

@@ -24,6 +24,7 @@ namespace ringtrain::launch {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
+  comm::prefer_yielding_mpi_waits();
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   // Errors come back as codes, which MPI_CHECK turns into messages with rank and host.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

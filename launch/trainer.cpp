@@ -52,6 +52,7 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
     x = &xc_.view;
   }
   const Tensor& logits = model_->forward(ctx, *x, node_hooks_);
+  finish_weight_gather();  // nodes that read no parameter leave nothing else to wait for
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   auto xent = loss_and_gradient(logits, yb, scale, dlogits);
   observers_.after(Phase::forward, step, t0, Clock::now());
@@ -114,35 +115,47 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
     observers_.after(Phase::optimizer, step, t_opt, Clock::now());
     return;
   }
-  // --zero 1: the shard's part of each bucket, in bucket order; the communication thread
-  // all-gathers a bucket's working weights (fp16/bf16: written by the optimizer in the same
-  // pass; fp32: the masters themselves) while the next bucket is updated, from the last
-  // bucket (the first layers) to bucket 0, then the fp32 copy of the parameters layers
-  // read in fp32.
+  // --zero 1: the shard's part of each bucket, from the last bucket (the first layers) to
+  // bucket 0; the communication thread all-gathers a bucket's working weights (fp16/bf16:
+  // written by the optimizer in the same pass, with the bucket's part of the fp32 copy of
+  // the parameters layers read in fp32; fp32: the masters themselves) while the next bucket
+  // is updated and while the next step's forward runs (wait_for_node_weights).
   const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
   const bool mixed = model_->masters_sharded();
   const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
   const Tensor grad = shard_grad(), work_shard = work.slice(lo, {n});
   optimizer_->begin_step(float(lr_));
-  std::vector<int64_t> fp32_counts;
-  if (mixed)
-    for (int r = 0; r < comm_.size(); ++r)
-      fp32_counts.push_back(model_->fp32_count_in(shards_.begin(r), shards_.end(r)));
-  reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), std::move(fp32_counts));
+  reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), fp32_counts_);
   observers_.before(Phase::gather, step);
   const auto& buckets = reducer_->buckets();
   for (size_t b = buckets.size(); b-- > 0;) {  // the reducer gathers the last bucket first
     const int64_t a = std::max(lo, buckets[b].offset);
     const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
-    if (a < e)
+    if (a < e) {
       optimizer_->update(*backend_, master, grad, mixed ? &work_shard : nullptr, a - lo, e - lo);
-    if (mixed && b == 0) model_->copy_shard_to_fp32();  // gathered after bucket 0
+      if (mixed) model_->copy_shard_to_fp32(a, e);
+    }
     reducer_->gather_ready(b);
   }
-  const auto t_update = Clock::now();
-  reducer_->finish_gather();
-  observers_.after(Phase::optimizer, step, t_opt, t_update);
-  observers_.after(Phase::gather, step, t_update, Clock::now());
+  gather_pending_ = true;
+  gather_step_ = step;
+  observers_.after(Phase::optimizer, step, t_opt, Clock::now());
+  if (!cfg_.overlap) finish_weight_gather();  // --no-overlap: the buckets in turn, now
+}
+
+void Trainer::wait_for_node_weights(size_t node) {
+  if (!gather_pending_ || node_bucket_[node] == SIZE_MAX) return;
+  const auto t0 = Clock::now();
+  if (reducer_->wait_gathered(node_bucket_[node]) > 0)
+    observers_.after(Phase::gather, gather_step_, t0, Clock::now());
+}
+
+void Trainer::finish_weight_gather() {
+  if (!gather_pending_) return;
+  const auto t0 = Clock::now();
+  if (reducer_->finish_gather() > 0)
+    observers_.after(Phase::gather, gather_step_, t0, Clock::now());
+  gather_pending_ = false;
 }
 
 Trainer::Unscaled Trainer::unscale_and_check(float scale) {
@@ -223,6 +236,7 @@ Trainer::StepOutcome Trainer::step_once() {
 }
 
 void Trainer::save_checkpoint() {
+  finish_weight_gather();
   if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
   const auto t_ckpt = Clock::now();
   {  // collective: every rank writes its share (an error ends the job: run_or_fail)
@@ -276,6 +290,7 @@ void Trainer::save_checkpoint() {
 }
 
 bool Trainer::run_eval() {
+  finish_weight_gather();
   if (!val_ && !val_tokens_) return false;
   last_eval_step_ = step_;
   sync_buffers();
@@ -367,6 +382,7 @@ int Trainer::run() {
     r.step_s = out.step_s;
     observers_.end_step(r);  // histograms, the --log-every window's line and records
     if (out.stop) {          // a rank got a stop signal: all stop here, at the same step
+      finish_weight_gather();
       if (cfg_.checkpoint_dir.empty()) {
         agree(comm_, [&] {
           throw Error(ErrorKind::runtime, cat("stopped by a signal at step ", step_,
@@ -395,6 +411,7 @@ int Trainer::run() {
     if (stop_early_) break;
   }
   const bool stopped_early = stop_early_;  // not the final evaluation's verdict
+  finish_weight_gather();
   if (last_eval_step_ != step_) run_eval();
   save_checkpoint();
   if (stopped_early)

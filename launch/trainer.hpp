@@ -46,6 +46,7 @@ class Trainer {
     double loss_sum = 0, correct = 0;  // over the global batch
     // This rank's seconds: waiting for data, forward + backward, the bucket allreduces
     // (mostly hidden behind backward), the part of them backward did not hide, whole step.
+    // (--zero 1: what of the all-gather the next forward waits for counts in that step.)
     double data_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
     bool stop = false;      // some rank got a stop signal
     bool save_due = false;  // --checkpoint-secs elapsed on rank 0
@@ -54,6 +55,12 @@ class Trainer {
   // optimizer (or skip), each phase reported to the observers (step_observers.hpp). run() is
   // a loop of these; tests drive it directly.
   StepOutcome step_once();
+
+  // --zero 1: a step leaves its all-gather of the working weights in flight; the next
+  // step's forward waits node by node for the buckets it reads. This waits for all of it
+  // (before anything else reads the weights or calls a collective: evaluation, checkpoints,
+  // the end of the run, tests). A no-op when nothing is in flight.
+  void finish_weight_gather();
 
   Model& model() { return *model_; }
   int64_t step() const { return step_; }
@@ -127,10 +134,14 @@ class Trainer {
   void add_accumulated(size_t param);          // the last one: acc32_ added before the reduce
   // Clip (by the norm whose square, summed over ranks, is `sum_sq` under --zero 1), then the
   // optimizer at the schedule's lr; under --zero 1 on this rank's shard, bucket by bucket,
-  // each bucket's masters all-gathered while the next is updated.
+  // each bucket's working weights all-gathered while the next is updated and while the next
+  // step's forward runs (the step returns with the all-gather in flight).
   void apply_update(int64_t step, double sum_sq);
   // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
   Tensor shard_grad() const;
+  // --zero 1, the layer hook before node `node`: waits for the buckets of its parameters
+  // (and of every earlier node's, which covers a parameter it shares with one of them).
+  void wait_for_node_weights(size_t node);
   std::string memory_report() const;  // bytes per rank of the training state and the wire
   // --zero 1: the parameters' parts of this rank's shard of `shard` (a flat fp32 tensor of
   // the shard's size), as the checkpoint's full-shape datasets name them.
@@ -180,6 +191,14 @@ class Trainer {
   Buffer grad32_storage_;
   Tensor grad32_;             // --zero 1 in fp16/bf16: only this rank's shard
   comm::ShardLayout shards_;  // --zero 1: the ranks' shards of the flat buffers
+  // --zero 1: per node, the lowest bucket holding a parameter of it or of an earlier node
+  // (the last one gathered that it needs; SIZE_MAX: none); per bucket and rank, the
+  // fp32-read parameters' elements in both (fp16/bf16); whether a step's all-gather is in
+  // flight, and which step's.
+  std::vector<size_t> node_bucket_;
+  std::vector<std::vector<int64_t>> fp32_counts_;
+  bool gather_pending_ = false;
+  int64_t gather_step_ = 0;
   OwnedTensor xc_, dlogits_;
   Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
   Tensor acc32_;

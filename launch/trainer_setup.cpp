@@ -135,7 +135,7 @@ void Trainer::setup() {
   if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
   // --zero 1 in fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32
   // copy is needed anyway as the working weights, and the shard is a slice of it).
-  if (cfg_.zero && cfg_.precision != DType::f32 && device_.kind == Device::cpu)
+  if (cfg_.zero && cfg_.precision != DType::f32)
     model_->shard_masters(shards_.begin(comm_.rank()), shards_.end(comm_.rank()));
   optimizer_ = make_optimizer(cfg_.optimizer,
                               cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
@@ -169,10 +169,11 @@ void Trainer::setup() {
   grad32_ = cfg_.precision == DType::f32
                 ? model_->grad()
                 : Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device());
-  RT_REQUIRE(!cfg_.zero || device_.kind == Device::cpu,
-             "--zero 1 runs on --device cpu in this build (the checkpoint mirror of device "
-             "buffers is not sharded yet); use --zero 0 with --device cuda");
-  if (device_.kind == Device::cuda) host_ = std::make_unique<HostMirror>(*model_, optimizer_.get());
+  // cuda: host copies of what a checkpoint holds (--zero 1: this rank's shards of it).
+  if (device_.kind == Device::cuda)
+    host_ = shards_.empty() ? std::make_unique<HostMirror>(*model_, optimizer_.get())
+                            : std::make_unique<HostMirror>(param_views(), optimizer_views(),
+                                                           buffer_views(*model_));
 }
 
 std::pair<Shape, int64_t> Trainer::setup_data() {
@@ -319,6 +320,28 @@ void Trainer::make_reducer() {
   rc.shards = shards_;
   DeviceScope on_device(device_);  // the wire buffer, when the wire dtype differs
   reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
+  if (shards_.empty()) return;
+  // --zero 1: what each node's forward waits for, and the buckets' parts of the fp32 copy.
+  const auto& buckets = reducer_->buckets();
+  std::vector<size_t> bucket_of(ranges.size());
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (size_t i = 0; i < buckets[b].params; ++i) bucket_of[buckets[b].first_param + i] = b;
+  node_bucket_.assign(model_->layer_params().size(), SIZE_MAX);
+  size_t lowest = SIZE_MAX;
+  for (size_t l = 0; l < node_bucket_.size(); ++l) {
+    const auto [first, count] = model_->layer_params()[l];
+    for (size_t i = first; i < first + count; ++i) lowest = std::min(lowest, bucket_of[i]);
+    node_bucket_[l] = lowest;
+  }
+  fp32_counts_.clear();
+  if (!model_->masters_sharded()) return;
+  for (const auto& k : buckets) {
+    std::vector<int64_t> per_rank;
+    for (int r = 0; r < comm_.size(); ++r)
+      per_rank.push_back(model_->fp32_count_in(std::max(k.offset, shards_.begin(r)),
+                                               std::min(k.offset + k.count, shards_.end(r))));
+    fp32_counts_.push_back(std::move(per_rank));
+  }
 }
 
 void Trainer::add_observers() {
@@ -344,6 +367,7 @@ void Trainer::add_observers() {
                                                   tokens_ ? tokens_->seq_len() : 0, comm_.size(),
                                                   console_, metrics_, tensorboard_.get()));
   node_hooks_ = observers_.layer_hooks();
+  if (!shards_.empty()) node_hooks_.before_forward = [this](size_t n) { wait_for_node_weights(n); };
   reduce_hooks_ = node_hooks_;
   reduce_hooks_.grad_ready = [this](size_t p) {
     add_accumulated(p);

@@ -14,6 +14,7 @@ const Tensor& Model::forward(Context& ctx, const Tensor& x, const LayerHooks& ho
   const bool label = master_.device().kind != Device::cpu;  // out-of-memory messages
   std::vector<const Tensor*> xs;
   for (size_t l = 0; l < layers_.size(); ++l) {
+    if (hooks.before_forward) hooks.before_forward(l);
     xs.clear();
     for (int in : inputs_[l]) xs.push_back(in < 0 ? &x : outs_[size_t(in)]);
     std::optional<AllocScope> scope;

@@ -2,6 +2,7 @@
 // precision policy and fusions of a graph, and parameter initialisation.
 #include "nn/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -246,23 +247,29 @@ int64_t Model::fp32_count_in(int64_t lo, int64_t hi) const {
   return n;
 }
 
-void Model::copy_shard_to_fp32() {
-  const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
+void Model::copy_shard_to_fp32(int64_t from, int64_t to) {
+  const int64_t lo = std::max(from, master_lo_), hi = std::min(to, master_lo_ + master_count_);
   const Device dev = master_.device();
   for (const auto& s : fp32_segments_) {
     const int64_t a = std::max(lo, s.flat), b = std::min(hi, s.flat + s.count);
     if (a < b)
       copy_bytes(static_cast<float*>(fp32_.data()) + s.at + (a - s.flat), dev,
-                 static_cast<float*>(master_.data()) + (a - lo), dev, size_t(b - a) * 4);
+                 static_cast<float*>(master_.data()) + (a - master_lo_), dev, size_t(b - a) * 4);
   }
 }
 
 void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
   // Every rank draws each parameter whole (the same values on every rank: one stream per
   // name) and keeps its shard of the masters, the working copy and the fp32 region, so no
-  // broadcast is needed and no full fp32 buffer is ever held. On the host only.
-  RT_CHECK(master_.device().kind == Device::cpu, "sharded masters live on the host");
+  // broadcast is needed and no full fp32 buffer is ever held. The values are drawn on the
+  // host; on a GPU each parameter passes through one device staging buffer for the cast
+  // into the working copy.
+  const Device dev = master_.device();
+  const bool on_host = dev.kind == Device::cpu;
   const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
+  int64_t largest = 0;
+  for (const Param& p : params_) largest = std::max(largest, shape_numel(p.shape));
+  Buffer stage = on_host ? Buffer() : Buffer(size_t(largest) * 4, dev);
   std::vector<float> v;
   size_t next = 0;
   for (const Param& p : params_) {
@@ -270,15 +277,28 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
     v.resize(size_t(n));
     const Tensor t(v.data(), p.shape, DType::f32, Device{});
     draw(p, seed, t);
-    backend.cast(t, p.work);
+    if (on_host) {
+      backend.cast(t, p.work);
+    } else {
+      copy_bytes(stage.data(), dev, v.data(), Device{}, size_t(n) * 4);
+      backend.cast(Tensor(stage.data(), p.shape, DType::f32, dev), p.work);
+    }
     const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
     if (a < b)
-      std::copy(v.data() + (a - p.offset), v.data() + (b - p.offset),
-                master().as<float>() + (a - lo));
+      copy_bytes(static_cast<float*>(master_.data()) + (a - lo), dev, v.data() + (a - p.offset),
+                 Device{}, size_t(b - a) * 4);
     if (next < fp32_segments_.size() && fp32_segments_[next].flat == p.offset)
-      std::copy(v.begin(), v.end(), fp32_copy().as<float>() + fp32_segments_[next++].at);
+      copy_bytes(static_cast<float*>(fp32_.data()) + fp32_segments_[next++].at, dev, v.data(),
+                 Device{}, size_t(n) * 4);
   }
-  for (StateBuffer& b : buffers_) fill(b.value, b.init);
+  if (on_host) {
+    for (StateBuffer& b : buffers_) fill(b.value, b.init);
+    return;
+  }
+  Buffer s_stage(state_.bytes(), Device{});
+  const Tensor s(s_stage.data(), state().shape, DType::f32, Device{});
+  for (StateBuffer& b : buffers_) fill(s.slice(b.offset, b.shape), b.init);
+  copy_bytes(state_.data(), dev, s.data, Device{}, state_.bytes());
 }
 
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {

@@ -4,6 +4,7 @@
 // checkpoints rely on. Built from a model file by build_model() (nn/graph_builder.hpp).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,6 +36,8 @@ struct GraphNode {
 // step: diagnostics, tracing, test faults, and the gradient-ready calls through which gradient
 // communication starts while backward goes on). Each member may be empty.
 struct LayerHooks {
+  // Before the node runs (ZeRO-1: waits for the all-gather of its parameters).
+  std::function<void(size_t node)> before_forward;
   std::function<void(size_t node, const Tensor& y)> after_forward;  // the node's output
   // The node's (first) input gradient, empty where none is computed; before grad_ready.
   std::function<void(size_t node, const Tensor& dx)> after_backward;
@@ -113,13 +116,15 @@ class Model {
   // After the masters were replaced (checkpoint, broadcast): working copy = cast(masters).
   // With sharded masters only the shard's part of the working copy and of fp32_copy().
   void refresh_working_copy(kernels::Backend& backend);
-  // Sharded masters: copies the shard's part of the fp32-read parameters into fp32_copy().
-  void copy_shard_to_fp32();
+  // Sharded masters: copies the shard's part of the fp32-read parameters into fp32_copy(),
+  // all of it or the part in the flat range [lo, hi) only.
+  void copy_shard_to_fp32(int64_t lo = 0, int64_t hi = INT64_MAX);
 
   // The graph executor (nn/executor.cpp). forward runs the nodes in order and returns the
   // last node's output, the logits in fp32 (the precision policy keeps the last node's
   // output in fp32). On a GPU, each node's allocations carry its name (AllocScope) for
-  // out-of-memory messages. The hooks, if given, see each node's output.
+  // out-of-memory messages. The hooks, if given, are called before each node and see its
+  // output.
   const Tensor& forward(Context& ctx, const Tensor& x, const LayerHooks& hooks = {});
   // The nodes' parameter index ranges (first, count) into params(), per node.
   const std::vector<std::pair<size_t, size_t>>& layer_params() const { return layer_params_; }

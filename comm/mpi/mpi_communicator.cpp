@@ -219,6 +219,8 @@ void MpiCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts, 
                            mpi_type(dtype), comm_));
 }
 
+void prefer_yielding_mpi_waits() { setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0); }
+
 std::string mpi_library_version() {
   char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;

@@ -50,4 +50,12 @@ class MpiCommunicator final : public Communicator {
 // "Open MPI v4.1.4, ..." (first line of MPI_Get_library_version).
 std::string mpi_library_version();
 
+// Call before MPI_Init: lets a rank's threads waiting in MPI give up their core. The
+// gradient reducer's communication thread waits in MPI collectives while the rank's compute
+// threads work; Open MPI's progress loop busy-polls by default, which takes a core from
+// them whenever a node's threads outnumber its cores (docs/benchmarks.md, zero_bench). Sets
+// OMPI_MCA_mpi_yield_when_idle=1 unless already set (the environment, mpirun -x or --mca
+// win); other MPIs ignore it.
+void prefer_yielding_mpi_waits();
+
 }  // namespace ringtrain::comm

@@ -127,7 +127,9 @@ mpi 2 -x RINGTRAIN_TEST_STALL=1:3:300:gather "$BIN" train "${args[@]}" --steps 1
 job=$!
 pid=""
 for _ in $(seq 1 300); do
-  pid=$(sed -n 's/^ringtrain: test: rank 1 (pid \([0-9]*\)) held before the all-gather.*/\1/p' "$dir/kill.err")
+  # (the background job may not have opened kill.err yet)
+  [[ -f $dir/kill.err ]] &&
+    pid=$(sed -n 's/^ringtrain: test: rank 1 (pid \([0-9]*\)) held before the all-gather.*/\1/p' "$dir/kill.err")
   [[ -n $pid ]] && break
   sleep 0.2
 done

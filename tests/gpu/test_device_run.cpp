@@ -2,9 +2,12 @@
 // core's device handling): a model built under a DeviceScope has device-labelled flat views,
 // Model::init_parameters gives it the host's values through staging, HostMirror copies the
 // masters, buffers and optimizer state to the host and back, BatchStage uploads a batch, and
-// the GradReducer's wire-dtype cast is queued on the stream without waiting for it.
+// the GradReducer's wire-dtype cast is queued on the stream without waiting for it. ZeRO-1's
+// device pieces: sharded masters initialised on the device equal the host's, and a
+// HostMirror of shard views (full shape, part offset) round-trips them.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -69,6 +72,65 @@ TEST(DeviceRun, HostMirrorRoundTrip) {
     EXPECT_EQ(o2[size_t(p.offset)], 7.f) << p.name;
   }
   for (const auto& b : model->buffers()) EXPECT_EQ(s2[size_t(b.offset)], -1.f) << b.name;
+}
+
+// --zero 1 in bf16: rank 1 of 3's shard of the masters, the whole working copy and the fp32
+// copy of the parameters read in fp32, drawn on the device as on the host.
+TEST(DeviceRun, ShardedInitOnDeviceEqualsHost) {
+  RT_NEED_GPU();
+  auto host = small_resnet(DType::bf16);
+  const int64_t n = host->num_params(), lo = n / 3, hi = 2 * n / 3;
+  host->shard_masters(lo, hi);
+  host->init_parameters(11, cpu_backend());
+  DeviceScope scope(gpu());
+  auto dev = small_resnet(DType::bf16);
+  dev->shard_masters(lo, hi);
+  dev->init_parameters(11, gpu_backend());
+  ASSERT_EQ(dev->master().numel(), hi - lo);
+  ASSERT_GT(dev->fp32_copy().numel(), 0);
+  EXPECT_EQ(dev->fp32_copy().device, gpu());
+  EXPECT_EQ(floats(dev->master()), floats(host->master()));
+  EXPECT_EQ(floats(dev->work()), floats(host->work()));
+  EXPECT_EQ(floats(dev->fp32_copy()), floats(host->fp32_copy()));
+  EXPECT_EQ(floats(dev->state()), floats(host->state()));
+}
+
+// The mirror of views as Trainer::param_views gives them under --zero 1: each parameter's
+// part of a shard, named with its full shape and its offset in it.
+TEST(DeviceRun, HostMirrorOfShardViews) {
+  RT_NEED_GPU();
+  DeviceScope scope(gpu());
+  auto model = small_resnet(DType::f32);
+  model->init_parameters(3, gpu_backend());
+  const int64_t n = model->num_params(), lo = n / 3, hi = 2 * n / 3;
+  const Tensor shard = model->master().slice(lo, {hi - lo});
+  std::vector<io::NamedTensor> views;
+  for (const auto& p : model->params()) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + shape_numel(p.shape));
+    if (a < b) views.push_back({p.name, shard.slice(a - lo, {b - a}), p.shape, a - p.offset});
+  }
+  ASSERT_GE(views.size(), 2u);
+  launch::HostMirror mirror(views, {}, {});
+  ASSERT_EQ(mirror.params.size(), views.size());
+  mirror.download();
+  const std::vector<float> m = floats(model->master());
+  for (size_t i = 0; i < views.size(); ++i) {
+    const auto& h = mirror.params[i];
+    EXPECT_EQ(h.name, views[i].name);
+    EXPECT_EQ(h.full_shape, views[i].full_shape);
+    EXPECT_EQ(h.part_offset, views[i].part_offset);
+    EXPECT_EQ(h.tensor.device.kind, Device::cpu);
+    const int64_t at = lo + (views[i].tensor.as<float>() - shard.as<float>());
+    for (int64_t k = 0; k < h.tensor.numel(); ++k)
+      ASSERT_EQ(h.tensor.as<float>()[k], m[size_t(at + k)]) << h.name << " element " << k;
+  }
+  for (auto& p : mirror.params) p.tensor.as<float>()[0] = 42.f;
+  mirror.upload();
+  const std::vector<float> m2 = floats(model->master());
+  for (size_t i = 0; i < views.size(); ++i)
+    EXPECT_EQ(m2[size_t(lo + (views[i].tensor.as<float>() - shard.as<float>()))], 42.f)
+        << views[i].name;
+  EXPECT_EQ(m2[0], m[0]) << "outside the shard";
 }
 
 TEST(DeviceRun, BatchStageUploads) {

@@ -3,14 +3,18 @@
 // how many parameters differ at all is printed), also with --grad-accum 2, and in bf16 with
 // sharded fp32 masters and a layer kept in fp32, on a model whose parameter count divides
 // by none of 2, 3 and 4, so the last shard is uneven; the bytes per rank of masters and
-// optimizer state against shard sizes computed here; and the shard layout itself.
+// optimizer state against shard sizes computed here; the shard layout itself; and the
+// reducer's all-gather waited for one bucket at a time, as the next forward waits for it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
+#include "comm/grad_reducer.hpp"
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "comm/shard_layout.hpp"
@@ -80,7 +84,9 @@ Diff compare(const T* a, const T* b, int64_t n) {
 }
 
 // 200 steps of both; the losses agree within `tol` relative; returns how many are bitwise
-// (-1 after the first that is not within tol) and the largest relative difference.
+// (-1 after the first that is not within tol) and the largest relative difference. Each
+// step's forward waits for the all-gather the step before left in flight; at the end the
+// last one is waited for, so the weights can be read.
 std::pair<int64_t, double> run_both(launch::Trainer& plain, launch::Trainer& zero, double tol) {
   int64_t bitwise = 0;
   double worst = 0;
@@ -88,10 +94,14 @@ std::pair<int64_t, double> run_both(launch::Trainer& plain, launch::Trainer& zer
     const double a = plain.step_once().loss_sum, b = zero.step_once().loss_sum;
     EXPECT_LE(std::abs(a - b), tol * std::abs(a))
         << "loss at step " << s << ": " << a << " vs " << b;
-    if (std::abs(a - b) > tol * std::abs(a)) return {-1, worst};
+    if (std::abs(a - b) > tol * std::abs(a)) {
+      zero.finish_weight_gather();
+      return {-1, worst};
+    }
     worst = std::max(worst, std::abs(a - b) / std::abs(a));
     bitwise += a == b;
   }
+  zero.finish_weight_gather();
   return {bitwise, worst};
 }
 
@@ -206,6 +216,59 @@ TEST(ZeroAcrossRanks, Bf16ShardedMastersMatchAllreduce) {
         "differ (relative %.3g)\n",
         world0.size(), static_cast<long long>(loss_bitwise), loss_worst,
         static_cast<long long>(dm.differ), dm.rel, static_cast<long long>(dw.differ), dw.rel);
+}
+
+// wait_gathered(b) returns once bucket b is all-gathered, with the buckets not yet handed over
+// still holding other ranks' old values (what lets the next forward start on the first
+// layers' bucket), and blocks while a rank has not yet joined a bucket's all-gather.
+TEST(ZeroAcrossRanks, WaitGatheredWaitsForItsBucketOnly) {
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::vector<int64_t> sizes = {301, 7, 499, 64, 713, 5};
+  std::vector<std::pair<int64_t, int64_t>> params;
+  int64_t n = 0;
+  for (int64_t s : sizes) {
+    params.push_back({n, s});
+    n += s;
+  }
+  Buffer grad_buf(size_t(n) * 4), work_buf(size_t(n) * 4);
+  const Tensor grad(grad_buf.data(), {n}, DType::f32), work(work_buf.data(), {n}, DType::f32);
+  comm::ReducerConfig rc;
+  rc.bucket_bytes = 2048;  // several buckets, cut across by the shards
+  rc.first_bucket_bytes = 64;
+  rc.stall_timeout_s = 60;
+  rc.shards = comm::ShardLayout(n, world.size());
+  comm::GradReducer reducer(world, rc, grad, params);
+  const size_t nb = reducer.buckets().size();
+  ASSERT_GE(nb, 3u);
+  const int64_t lo = rc.shards.begin(world.rank()), hi = rc.shards.end(world.rank());
+  float* w = work.as<float>();
+  for (int64_t i = 0; i < n; ++i) w[i] = i >= lo && i < hi ? float(i + 1) : -1.f;
+  auto bucket_done = [&](size_t b) {  // every element of bucket b holds its owner's value
+    const auto& k = reducer.buckets()[b];
+    for (int64_t i = k.offset; i < k.offset + k.count; ++i)
+      if (w[i] != float(i + 1)) return false;
+    return true;
+  };
+  reducer.start_step(1);
+  reducer.finish();  // no gradients this step: nothing to reduce
+  reducer.start_gather(work);
+  reducer.gather_ready(nb - 1);  // the first layers' bucket only
+  reducer.wait_gathered(nb - 1);
+  EXPECT_TRUE(bucket_done(nb - 1)) << "bucket " << nb - 1 << " after its wait";
+  for (size_t b = 0; b + 1 < nb; ++b) {  // (a bucket inside this rank's shard is complete)
+    const auto& k = reducer.buckets()[b];
+    if (k.offset < lo || k.offset + k.count > hi) {
+      EXPECT_FALSE(bucket_done(b)) << "bucket " << b << " gathered before it was handed over";
+    }
+  }
+  // Rank 1 hands the other buckets over late: the waits on the other ranks must block.
+  if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (size_t b = nb - 1; b-- > 0;) reducer.gather_ready(b);
+  reducer.wait_gathered(1);
+  EXPECT_TRUE(bucket_done(1)) << "bucket 1 after its wait";
+  reducer.finish_gather();
+  for (size_t b = 0; b < nb; ++b) EXPECT_TRUE(bucket_done(b)) << "bucket " << b;
+  EXPECT_TRUE(test::identical_on_all_ranks(w, size_t(n) * 4));
 }
 
 // The shard of rank r of W over n elements as the design states it (contiguous, every
