@@ -42,12 +42,23 @@ enum class Op {
 // An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
 enum class Activation { none, relu };
 
+// How an activation [N, C, H, W] lies in memory. plain: NCHW. blocked: the channels in
+// blocks of kChannelBlock, innermost (oneDNN's nChw16c): element (n, c, h, w) at
+// (((n C/16 + c/16) H + h) W + w) 16 + c % 16. Only for C a multiple of 16, so a blocked tensor
+// has the plain one's size, and elementwise ops (casts, ReLU) read it as they read a plain
+// one. Convolution and max pooling read and write it on a backend whose
+// supports_blocked_layout() says so; nn/model.cpp chooses the tensors that stay blocked.
+enum class Layout { plain, blocked };
+constexpr int64_t kChannelBlock = 16;
+
 // A 2-D convolution (cross-correlation, as in PyTorch): input [N, C, H, W], filters
 // [K, C, R, S], output [N, K, P, Q], one stride and one zero padding for both axes.
 struct ConvShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t k = 0, r = 0, s = 0;
   int64_t stride = 1, pad = 0;
+  Layout x_layout = Layout::plain;  // of x and dx
+  Layout y_layout = Layout::plain;  // of y and dy
   int64_t p() const { return (h + 2 * pad - r) / stride + 1; }
   int64_t q() const { return (w + 2 * pad - s) / stride + 1; }
 };
@@ -56,10 +67,12 @@ struct ConvShape {
 // relu_input: the input is a ReLU's output, and the pooling applies that ReLU's gradient
 // too (fused): a window whose maximum is not positive gets argmax -1 and routes no
 // gradient, which is exactly what the ReLU's mask would have zeroed.
+// x_layout: of x and dx; y, argmax and dy are plain.
 struct PoolShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t kernel = 2, stride = 2;
   bool relu_input = false;
+  Layout x_layout = Layout::plain;
   int64_t p() const { return (h - kernel) / stride + 1; }
   int64_t q() const { return (w - kernel) / stride + 1; }
 };
@@ -117,6 +130,8 @@ class Backend {
   virtual bool supports(Op op, DType dtype) const = 0;
   virtual void set_threads(int n) = 0;  // threads of this rank (OpenMP and the BLAS)
   virtual int threads() const = 0;
+  // Whether conv2d and maxpool2d take Layout::blocked activations (and run faster so).
+  virtual bool supports_blocked_layout() const { return false; }
 
   // c = alpha * op(a) * op(b) + beta * c, row-major 2-D; op(x) is x or its transpose.
   // a and b may be any float dtype; products and sums in fp32, rounded once to c.dtype

@@ -1,7 +1,9 @@
 // Convolution through oneDNN: forward with fused bias + ReLU, backward data and backward
 // weights, in fp32 or on 16-bit inputs with fp32 accumulation. oneDNN chooses its own
-// (blocked) layouts (format_tag::any); our NCHW / OIHW tensors are reordered into them and
-// back around each call, and a reorder also converts between the tensor's dtype and the
+// (blocked) layouts (format_tag::any); our tensors (NCHW or, per ConvShape's layouts,
+// nChw16c activations; OIHW filters) are reordered into them and back around each call where
+// they differ (an nChw16c activation is what oneDNN's AVX-512 kernels want: no reorder), and
+// a reorder also converts between the tensor's dtype and the
 // primitive's, so a 16-bit tensor on the fp32 path is widened (and an fp32 result rounded)
 // in the pass that changes its layout, not in a pass of its own. Primitives and their
 // internal buffers are cached per shape and dtypes, so a training step creates nothing new.
@@ -34,13 +36,17 @@ struct Dtypes {
   auto operator<=>(const Dtypes&) const = default;
 };
 
-// Shape, kind, bias, relu and the dtypes.
+// Shape, layouts, kind, bias, relu and the dtypes.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, bool, bool, Dtypes>;
+                       int64_t, Layout, Layout, int, bool, bool, Dtypes>;
 
 Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t) {
-  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, kind, bias, relu, t};
+  return {cs.n,   cs.c,        cs.h,        cs.w, cs.k, cs.r, cs.s, cs.stride,
+          cs.pad, cs.x_layout, cs.y_layout, kind, bias, relu, t};
 }
+
+// oneDNN's name of an activation layout.
+memory::format_tag tag_of(Layout l) { return l == Layout::blocked ? tag::nChw16c : tag::nchw; }
 
 // The dtype a primitive writes its result in: the caller's when oneDNN can write it from
 // `compute` (the same dtype, or fp32), else fp32, rounded by the reorder out.
@@ -58,7 +64,7 @@ struct OneDnnConv::Impl {
   struct Entry {
     dnnl::primitive prim;
     memory::desc src, wei, dst;        // wanted: src/diff_src, weights/diff_weights, dst/diff_dst
-    memory::desc src_u, wei_u, dst_u;  // ours (NCHW / OIHW, in the tensors' dtypes)
+    memory::desc src_u, wei_u, dst_u;  // ours (ConvShape's layouts / OIHW, the tensors' dtypes)
     memory::desc bias_u;
   };
   std::map<Key, Entry> cache;
@@ -131,9 +137,9 @@ struct OneDnnConv::Impl {
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = pd.src_desc(), e.wei = pd.diff_weights_desc(), e.dst = pd.diff_dst_desc();
     }
-    e.src_u = user(d.src, t.src, tag::nchw);
+    e.src_u = user(d.src, t.src, tag_of(cs.x_layout));
     e.wei_u = user(d.wei, kind == kBackwardWeights ? DType::f32 : t.wei, tag::oihw);
-    e.dst_u = user(d.dst, t.dst, tag::nchw);
+    e.dst_u = user(d.dst, t.dst, tag_of(cs.y_layout));
     return cache.emplace(key, std::move(e)).first->second;
   }
 
