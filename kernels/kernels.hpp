@@ -42,14 +42,19 @@ enum class Op {
 // An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
 enum class Activation { none, relu };
 
-// How an activation [N, C, H, W] lies in memory. plain: NCHW. blocked: the channels in
-// blocks of kChannelBlock, innermost (oneDNN's nChw16c): element (n, c, h, w) at
-// (((n C/16 + c/16) H + h) W + w) 16 + c % 16. Only for C a multiple of 16, so a blocked tensor
-// has the plain one's size, and elementwise ops (casts, ReLU) read it as they read a plain
-// one. Convolution and max pooling read and write it on a backend whose
-// supports_blocked_layout() says so; nn/model.cpp chooses the tensors that stay blocked.
-enum class Layout { plain, blocked };
+// How an activation [N, C, H, W] lies in memory: plain NCHW, or the channels innermost in
+// blocks of B, element (n, c, h, w) at (((n C/B + c/B) H + h) W + w) B + c % B, with B = 16
+// (blocked: oneDNN's nChw16c, for C a multiple of 16; what its AVX-512 fp32 kernels want) or
+// B = C (nhwc, channels last; what its AMX bf16 kernels want). Both have the plain tensor's
+// size, so elementwise ops (casts, ReLU) read them as they read a plain one. Convolution and
+// max pooling take the layout their backend's activation_layout() names; nn/model.cpp
+// chooses the tensors that stay in it between layers.
+enum class Layout { plain, blocked, nhwc };
 constexpr int64_t kChannelBlock = 16;
+// B of a layout for C channels (0: plain).
+inline int64_t channel_block(Layout l, int64_t c) {
+  return l == Layout::blocked ? kChannelBlock : l == Layout::nhwc ? c : 0;
+}
 
 // A 2-D convolution (cross-correlation, as in PyTorch): input [N, C, H, W], filters
 // [K, C, R, S], output [N, K, P, Q], one stride and one zero padding for both axes.
@@ -130,8 +135,9 @@ class Backend {
   virtual bool supports(Op op, DType dtype) const = 0;
   virtual void set_threads(int n) = 0;  // threads of this rank (OpenMP and the BLAS)
   virtual int threads() const = 0;
-  // Whether conv2d and maxpool2d take Layout::blocked activations (and run faster so).
-  virtual bool supports_blocked_layout() const { return false; }
+  // The layout conv2d and maxpool2d keep activations in between layers, for a model that
+  // computes in `compute` (Layout::plain: NCHW only, the default).
+  virtual Layout activation_layout(DType compute) { return Layout::plain; }
 
   // c = alpha * op(a) * op(b) + beta * c, row-major 2-D; op(x) is x or its transpose.
   // a and b may be any float dtype; products and sums in fp32, rounded once to c.dtype

@@ -186,8 +186,8 @@ class Conv2D final : public Layer {
   Conv2D(std::string name, Options o) : Layer(std::move(name)), o_(o) {}
   // The next layer applies this layer's ReLU gradient (a MaxPool2D with set_relu_input).
   void set_relu_grad_done_by_next(bool yes) { relu_grad_by_next_ = yes; }
-  // Input / output (and their gradients) in the backend's channel-blocked layout
-  // (kernels::Layout) where it supports_blocked_layout(): set by Model::apply_policy for
+  // Input / output (and their gradients) in the backend's activation_layout() (kernels::Layout,
+  // channels innermost; NCHW on a backend without one): set by Model::apply_policy for
   // tensors that pass only between convolutions and max pooling.
   void set_input_blocked(bool yes) { x_blocked_ = yes; }
   void set_output_blocked(bool yes) { y_blocked_ = yes; }
@@ -237,7 +237,7 @@ class MaxPool2D final : public Layer {
   // The input is the output of a layer's fused ReLU, whose gradient this pooling applies
   // (kernels::PoolShape::relu_input); that layer then skips its own ReLU mask.
   void set_relu_input(bool yes) { relu_input_ = yes; }
-  // The input (and its gradient) in the channel-blocked layout, as Conv2D's.
+  // The input (and its gradient) in the backend's activation_layout(), as Conv2D's.
   void set_input_blocked(bool yes) { x_blocked_ = yes; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;

@@ -151,7 +151,7 @@ void Model::apply_policy() {
     pool->set_relu_input(true);
   }
   // Layouts: a convolution's output read only by another convolution or a max pooling stays
-  // in the backend's channel-blocked layout (no reorders between oneDNN's kernels); all other
+  // in the backend's activation layout (no reorders between oneDNN's kernels); all other
   // tensors, the pooling's output among them, are NCHW.
   for (size_t n = 0; n < layers_.size(); ++n) {
     if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;

@@ -131,6 +131,15 @@ void maxpool2x2_row(const S* r0, int64_t w, int64_t base, int64_t Q, bool relu_i
 
 }  // namespace
 
+Layout CpuBackend::activation_layout(DType compute) {
+  OneDnnConv* dnn = onednn();
+  if (!dnn || !opts_.blocked_layout) return Layout::plain;
+  // oneDNN's AMX kernels (16-bit inputs, native) read and write channels last; its AVX-512
+  // fp32 kernels (16-bit tensors widened to fp32 by the reorders) nChw16c.
+  const bool half = compute == DType::bf16 || compute == DType::f16;
+  return half && opts_.native16 && dnn->supports(compute) ? Layout::nhwc : Layout::blocked;
+}
+
 // oneDNN's engine and primitives are made at the first convolution, not for every backend.
 OneDnnConv* CpuBackend::onednn() {
   if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
@@ -343,7 +352,7 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
                                    const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
   check_pool_shapes(ps, x, y, argmax);
-  if (ps.x_layout == Layout::blocked) return maxpool2d_forward_blocked(ps, x, y, argmax);
+  if (ps.x_layout != Layout::plain) return maxpool2d_forward_blocked(ps, x, y, argmax);
   auto* pa = argmax.as<int32_t>();
   dispatch_float(x.dtype, [&](auto X) {
     using E = decltype(X);
@@ -389,10 +398,10 @@ void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const
                dy.dtype == dx.dtype,
            "max pooling gradient shapes do not match: dy ", shape_str(dy.shape), " dx ",
            shape_str(dx.shape));
-  RT_CHECK(ps.x_layout == Layout::plain || ps.c % kChannelBlock == 0,
+  RT_CHECK(ps.x_layout != Layout::blocked || ps.c % kChannelBlock == 0,
            "a blocked max pooling gradient needs channels in multiples of ", kChannelBlock,
            ", got ", ps.c);
-  if (ps.x_layout == Layout::blocked) return maxpool2d_backward_blocked(ps, dy, argmax, dx);
+  if (ps.x_layout != Layout::plain) return maxpool2d_backward_blocked(ps, dy, argmax, dx);
   const auto* pa = argmax.as<int32_t>();
   dispatch_float(dy.dtype, [&](auto D) {
     using E = decltype(D);

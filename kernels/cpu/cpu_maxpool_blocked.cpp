@@ -1,10 +1,10 @@
-// Max pooling of activations in the channel-blocked layout (kernels::Layout::blocked: 16
-// channels innermost) for the CPU backend. The input and its gradient are blocked, the
-// output, argmax and output gradient plain: a convolution's blocked output is pooled without
-// a reorder, and what follows the pooling (dropout, flatten, a dense layer) sees NCHW. The
-// winners (the first of equal values; a nan wins), the argmax (h W + w in the plane) and the
-// order of the gradient sums are those of the plain kernels in cpu_conv.cpp, so both layouts
-// give bitwise equal results; the 16 channels of a block are the vector lanes.
+// Max pooling of activations with the channels innermost (kernels::Layout: blocked, 16
+// channels a block, or nhwc, all channels one block) for the CPU backend. The input and its
+// gradient are in that layout, the output, argmax and output gradient plain: a convolution's
+// blocked output is pooled without a reorder, and what follows the pooling (dropout, flatten, a
+// dense layer) sees NCHW. The winners (the first of equal values; a nan wins), the argmax (h W + w
+// in the plane) and the order of the gradient sums are those of the plain kernels in cpu_conv.cpp,
+// so both layouts give bitwise equal results; the channels of a block are the vector lanes.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,49 +17,49 @@ namespace ringtrain::kernels::cpu {
 
 namespace {
 
-constexpr int64_t B = kChannelBlock;
-
-// One block (one sample, 16 channels): in [H W][16] -> window maxima yb and argmax ab,
-// [P Q][16]. Inlined into a baseline and an AVX-512 function (chosen at run time).
+// One block (one sample, B channels): in [H W][B] -> window maxima yb and argmax ab,
+// [P Q][B]. Inlined into a baseline and an AVX-512 function (chosen at run time).
 template <typename E, typename S = typename E::storage>
-__attribute__((always_inline)) inline void forward_block_body(const PoolShape& ps, const S* in,
-                                                              float* yb, int32_t* ab) {
+__attribute__((always_inline)) inline void forward_block_body(const PoolShape& ps, int64_t B,
+                                                              const S* in, float* yb, int32_t* ab) {
   const int64_t P = ps.p(), Q = ps.q(), W = ps.w;
   for (int64_t p = 0; p < P; ++p)
     for (int64_t q = 0; q < Q; ++q) {
-      const int64_t o = (p * Q + q) * B, first = p * ps.stride * W + q * ps.stride;
-      float bv[B];
-      int32_t bi[B];
+      const int64_t first = p * ps.stride * W + q * ps.stride;
+      float* bv = yb + (p * Q + q) * B;
+      int32_t* bi = ab + (p * Q + q) * B;
+      const S* f = in + first * B;
 #pragma omp simd
       for (int64_t j = 0; j < B; ++j) {
-        bv[j] = E::load(in[first * B + j]);
+        bv[j] = E::load(f[j]);
         bi[j] = int32_t(first);
       }
       for (int64_t i = 0; i < ps.kernel; ++i)
         for (int64_t k = i == 0 ? 1 : 0; k < ps.kernel; ++k) {
           const int64_t at = first + i * W + k;
+          const S* a = in + at * B;
 #pragma omp simd
           for (int64_t j = 0; j < B; ++j) {
-            const float v = E::load(in[at * B + j]);
+            const float v = E::load(a[j]);
             const bool t = v > bv[j] || (v != v && bv[j] == bv[j]);
             bv[j] = t ? v : bv[j];
             bi[j] = t ? int32_t(at) : bi[j];
           }
         }
+      if (ps.relu_input) {
 #pragma omp simd
-      for (int64_t j = 0; j < B; ++j) {
-        yb[o + j] = bv[j];
-        ab[o + j] = ps.relu_input && bv[j] <= 0.f ? -1 : bi[j];
+        for (int64_t j = 0; j < B; ++j) bi[j] = bv[j] <= 0.f ? -1 : bi[j];
       }
     }
 }
 
-// One block of the gradient: acc [H W][16] (zeroed by the caller) receives dy (db [P Q][16])
+// One block of the gradient: acc [H W][B] (zeroed by the caller) receives dy (db [P Q][B])
 // at the argmax positions (ab). Each window adds to each of its positions, 0 where the
 // position did not win: acc is never -0, so adding +0 changes nothing, and the winners' sums
 // run in the plain kernel's order (ascending window).
-__attribute__((always_inline)) inline void backward_block_body(const PoolShape& ps, const float* db,
-                                                               const int32_t* ab, float* acc) {
+__attribute__((always_inline)) inline void backward_block_body(const PoolShape& ps, int64_t B,
+                                                               const float* db, const int32_t* ab,
+                                                               float* acc) {
   const int64_t P = ps.p(), Q = ps.q(), W = ps.w;
   for (int64_t p = 0; p < P; ++p)
     for (int64_t q = 0; q < Q; ++q) {
@@ -75,24 +75,21 @@ __attribute__((always_inline)) inline void backward_block_body(const PoolShape& 
 }
 
 template <typename E, typename S = typename E::storage>
-void forward_block_base(const PoolShape& ps, const S* in, float* yb, int32_t* ab) {
-  forward_block_body<E>(ps, in, yb, ab);
+void forward_block_base(const PoolShape& ps, int64_t B, const S* in, float* yb, int32_t* ab) {
+  forward_block_body<E>(ps, B, in, yb, ab);
 }
 template <typename E, typename S = typename E::storage>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_block_avx512(const PoolShape& ps,
-                                                                               const S* in,
-                                                                               float* yb,
-                                                                               int32_t* ab) {
-  forward_block_body<E>(ps, in, yb, ab);
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_block_avx512(
+    const PoolShape& ps, int64_t B, const S* in, float* yb, int32_t* ab) {
+  forward_block_body<E>(ps, B, in, yb, ab);
 }
-void backward_block_base(const PoolShape& ps, const float* db, const int32_t* ab, float* acc) {
-  backward_block_body(ps, db, ab, acc);
+void backward_block_base(const PoolShape& ps, int64_t B, const float* db, const int32_t* ab,
+                         float* acc) {
+  backward_block_body(ps, B, db, ab, acc);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void backward_block_avx512(const PoolShape& ps,
-                                                                                const float* db,
-                                                                                const int32_t* ab,
-                                                                                float* acc) {
-  backward_block_body(ps, db, ab, acc);
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void backward_block_avx512(
+    const PoolShape& ps, int64_t B, const float* db, const int32_t* ab, float* acc) {
+  backward_block_body(ps, B, db, ab, acc);
 }
 
 bool has_avx512() {
@@ -105,6 +102,7 @@ bool has_avx512() {
 
 void CpuBackend::maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                            const Tensor& argmax) {
+  const int64_t B = channel_block(ps.x_layout, ps.c);
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, blocks = ps.n * (ps.c / B);
   auto* pa = argmax.as<int32_t>();
   dispatch_float(x.dtype, [&](auto X) {
@@ -119,11 +117,11 @@ void CpuBackend::maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x,
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const auto* in = px + blk * HW * B;
         if (has_avx512())
-          forward_block_avx512<E>(ps, in, yb.data(), ab.data());
+          forward_block_avx512<E>(ps, B, in, yb.data(), ab.data());
         else
-          forward_block_base<E>(ps, in, yb.data(), ab.data());
-        // Block blk holds channels 16 (blk % (C/16)) .. of sample blk / (C/16): planes
-        // 16 blk .. 16 blk + 15 of the plain output.
+          forward_block_base<E>(ps, B, in, yb.data(), ab.data());
+        // Block blk holds channels B (blk % (C/B)) .. of sample blk / (C/B): planes
+        // B blk .. B blk + B - 1 of the plain output.
         for (int64_t j = 0; j < B; ++j) {
           auto* yo = py + (blk * B + j) * PQ;
           int32_t* ao = pa + (blk * B + j) * PQ;
@@ -139,6 +137,7 @@ void CpuBackend::maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x,
 
 void CpuBackend::maxpool2d_backward_blocked(const PoolShape& ps, const Tensor& dy,
                                             const Tensor& argmax, const Tensor& dx) {
+  const int64_t B = channel_block(ps.x_layout, ps.c);
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, blocks = ps.n * (ps.c / B);
   const auto* pa = argmax.as<int32_t>();
   dispatch_float(dy.dtype, [&](auto D) {
@@ -161,9 +160,9 @@ void CpuBackend::maxpool2d_backward_blocked(const PoolShape& ps, const Tensor& d
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         if (has_avx512())
-          backward_block_avx512(ps, db.data(), ab.data(), acc.data());
+          backward_block_avx512(ps, B, db.data(), ab.data(), acc.data());
         else
-          backward_block_base(ps, db.data(), ab.data(), acc.data());
+          backward_block_base(ps, B, db.data(), ab.data(), acc.data());
         auto* out = px + blk * HW * B;
         for (int64_t i = 0; i < HW * B; ++i) out[i] = E::store(acc[size_t(i)]);
       }

@@ -1,12 +1,12 @@
 // Convolution through oneDNN: forward with fused bias + ReLU, backward data and backward
 // weights, in fp32 or on 16-bit inputs with fp32 accumulation. oneDNN chooses its own
-// (blocked) layouts (format_tag::any); our tensors (NCHW or, per ConvShape's layouts,
-// nChw16c activations; OIHW filters) are reordered into them and back around each call where
-// they differ (an nChw16c activation is what oneDNN's AVX-512 kernels want: no reorder), and
-// a reorder also converts between the tensor's dtype and the
-// primitive's, so a 16-bit tensor on the fp32 path is widened (and an fp32 result rounded)
-// in the pass that changes its layout, not in a pass of its own. Primitives and their
-// internal buffers are cached per shape and dtypes, so a training step creates nothing new.
+// (blocked) layouts (format_tag::any); our tensors (activations NCHW, nChw16c or NHWC per
+// ConvShape's layouts; filters OIHW) are reordered into them and back around each call where
+// they differ (the CPU backend's activation_layout() is what the kernels want: no reorder),
+// and a reorder also converts between the tensor's dtype and the primitive's, so a 16-bit
+// tensor on the fp32 path is widened (and an fp32 result rounded) in the pass that changes
+// its layout, not in a pass of its own. Primitives and their internal buffers are cached per
+// shape, layouts and dtypes, so a training step creates nothing new.
 #include "kernels/cpu/onednn_conv.hpp"
 
 #include <map>
@@ -46,7 +46,9 @@ Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t) {
 }
 
 // oneDNN's name of an activation layout.
-memory::format_tag tag_of(Layout l) { return l == Layout::blocked ? tag::nChw16c : tag::nchw; }
+memory::format_tag tag_of(Layout l) {
+  return l == Layout::blocked ? tag::nChw16c : l == Layout::nhwc ? tag::nhwc : tag::nchw;
+}
 
 // The dtype a primitive writes its result in: the caller's when oneDNN can write it from
 // `compute` (the same dtype, or fp32), else fp32, rounded by the reorder out.

@@ -1,6 +1,6 @@
 // Convolution through oneDNN, the CPU backend's alternative to im2col + OpenBLAS (chosen with
-// RINGTRAIN_CONV=onednn|im2col; benchmarks/conv_bench measures both). Tensors in NCHW
-// (activations) and OIHW (filters), like the rest of the CPU backend, in any float dtype; the
+// RINGTRAIN_CONV=onednn|im2col; benchmarks/conv_bench measures both). Activations in NCHW or
+// the layouts of ConvShape (kernels::Layout), filters in OIHW, in any float dtype; the
 // arithmetic in fp32 or, where oneDNN has kernels for it (supports()), on bf16 / fp16 inputs
 // with fp32 accumulation.
 #pragma once

@@ -34,9 +34,9 @@ const Tensor& Conv2D::forward(Context& ctx, const Tensor& x) {
              " expects input [N, ", o_.in_channels, ", H, W], got ", shape_str(x.shape));
   cs_ = {x.dim(0),  x.dim(1),  x.dim(2),  x.dim(3),  o_.out_channels,
          o_.kernel, o_.kernel, o_.stride, o_.padding};
-  const bool blocked = ctx.backend.supports_blocked_layout();
-  cs_.x_layout = blocked && x_blocked_ ? kernels::Layout::blocked : kernels::Layout::plain;
-  cs_.y_layout = blocked && y_blocked_ ? kernels::Layout::blocked : kernels::Layout::plain;
+  const kernels::Layout kept = ctx.backend.activation_layout(ctx.compute);
+  cs_.x_layout = x_blocked_ ? kept : kernels::Layout::plain;
+  cs_.y_layout = y_blocked_ ? kept : kernels::Layout::plain;
   RT_REQUIRE(cs_.p() > 0 && cs_.q() > 0, "layer ", name(), ": input ", x.dim(2), "x", x.dim(3),
              " is too small for a ", o_.kernel, "x", o_.kernel, " kernel with padding ",
              o_.padding);

@@ -1,12 +1,12 @@
-// Unit tests of the channel-blocked activation layout (kernels::Layout::blocked) on the CPU
-// backend, in fp32 and bf16:
-//  - oneDNN convolution (forward with bias + ReLU, both backward passes) with blocked inputs
-//    and/or outputs equals the plain layout bitwise, and im2col + OpenBLAS within fp32
-//    rounding, on every convolution shape of the shipped models whose channels block;
-//  - max pooling of a blocked input equals the plain kernel bitwise (values, argmax, the
-//    gradient), with ties, nans, overlapping windows and the fused ReLU gradient;
-//  - the cnn trained one step with blocked activations equals the plain run bitwise, and its
-//    first convolution's output really is blocked.
+// Unit tests of the channels-innermost activation layouts (kernels::Layout: blocked, nhwc) on
+// the CPU backend, in fp32 and bf16:
+//  - oneDNN convolution (forward with bias + ReLU, both backward passes) with inputs and/or
+//    outputs in either layout equals the plain layout bitwise, and im2col + OpenBLAS within
+//    fp32 rounding, on every convolution shape of the shipped models;
+//  - max pooling of an input in either layout equals the plain kernel bitwise (values,
+//    argmax, the gradient), with ties, nans, overlapping windows and the fused ReLU gradient;
+//  - the cnn trained one step with the backend's activation layout equals the plain run
+//    bitwise, and its first convolution's output really is in that layout.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,18 +53,18 @@ struct Raw {
   Tensor view(Shape s) { return Tensor(bytes.data(), std::move(s), dtype); }
 };
 
-// The plain [N, C, HW] tensor's elements at their places in the blocked layout (to_blocked)
-// or back (from_blocked): the layout as kernels.hpp defines it, written out independently.
-std::vector<char> reblock(const std::vector<char>& v, size_t elem, int64_t n, int64_t c, int64_t hw,
-                          bool to_blocked) {
+// The plain [N, C, HW] tensor's elements at their places in layout l (to_blocked) or back:
+// the layouts as kernels.hpp defines them, written out independently.
+std::vector<char> reblock(const std::vector<char>& v, size_t elem, Layout l, int64_t n, int64_t c,
+                          int64_t hw, bool to_blocked) {
+  if (l == Layout::plain) return v;
+  const int64_t bs = l == Layout::blocked ? 16 : c;
   std::vector<char> out(v.size());
   for (int64_t a = 0; a < n; ++a)
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t i = 0; i < hw; ++i) {
         const int64_t plain = (a * c + ch) * hw + i;
-        const int64_t blocked =
-            ((a * (c / kChannelBlock) + ch / kChannelBlock) * hw + i) * kChannelBlock +
-            ch % kChannelBlock;
+        const int64_t blocked = ((a * (c / bs) + ch / bs) * hw + i) * bs + ch % bs;
         const int64_t from = to_blocked ? plain : blocked, to = to_blocked ? blocked : plain;
         std::memcpy(out.data() + to * int64_t(elem), v.data() + from * int64_t(elem), elem);
       }
@@ -95,8 +95,8 @@ ConvOut run_conv(CpuBackend& be, ConvShape cs, DType t, Layout xl, Layout yl) {
   Raw w(uniform_floats(size_t(shape_numel(ws)), -0.5f, 0.5f, 2), t);
   Raw dy(uniform_floats(size_t(shape_numel(ys)), -1.f, 1.f, 4), t);
   auto b = uniform_floats(size_t(cs.k), -0.2f, 0.2f, 3);
-  if (xl == Layout::blocked) x.bytes = reblock(x.bytes, dtype_size(t), cs.n, cs.c, hw, true);
-  if (yl == Layout::blocked) dy.bytes = reblock(dy.bytes, dtype_size(t), cs.n, cs.k, pq, true);
+  x.bytes = reblock(x.bytes, dtype_size(t), xl, cs.n, cs.c, hw, true);
+  dy.bytes = reblock(dy.bytes, dtype_size(t), yl, cs.n, cs.k, pq, true);
   Raw y(std::vector<float>(size_t(shape_numel(ys))), t),
       dx(std::vector<float>(x.bytes.size() / dtype_size(t)), t);
   ConvOut o;
@@ -107,16 +107,16 @@ ConvOut run_conv(CpuBackend& be, ConvShape cs, DType t, Layout xl, Layout yl) {
   be.conv2d_forward(cs, x.view(xs), w.view(ws), &tb, Activation::relu, y.view(ys));
   be.conv2d_backward(cs, x.view(xs), dy.view(ys), w.view(ws), &tdx,
                      Tensor(o.dw.data(), ws, DType::f32), &tdb);
-  if (yl == Layout::blocked) y.bytes = reblock(y.bytes, dtype_size(t), cs.n, cs.k, pq, false);
-  if (xl == Layout::blocked) dx.bytes = reblock(dx.bytes, dtype_size(t), cs.n, cs.c, hw, false);
+  y.bytes = reblock(y.bytes, dtype_size(t), yl, cs.n, cs.k, pq, false);
+  dx.bytes = reblock(dx.bytes, dtype_size(t), xl, cs.n, cs.c, hw, false);
   o.y = copy_of(y.view(ys));
   o.dx = copy_of(dx.view(xs));
   return o;
 }
 
 // Every convolution of the shipped models at batch 4: cnn (28x28 input), resnet (its
-// default width 16 on 28x28) and examples/lenet_bn (width 28: its channels never block, so it
-// only runs plain; listed so that a change of its widths is seen here).
+// default width 16 on 28x28) and examples/lenet_bn (width 28: nhwc only, 28 channels do not
+// make blocks of 16).
 const std::vector<ConvShape> kModelConvs = {
     {4, 1, 28, 28, 32, 3, 3, 1, 0},   // cnn.conv1
     {4, 32, 26, 26, 64, 3, 3, 1, 0},  // cnn.conv2
@@ -141,7 +141,6 @@ TEST_P(BlockedConv, EqualsPlainOnEveryModelShape) {
   CpuOptions im2col_opts = options(false);
   im2col_opts.conv_onednn = false;
   CpuBackend ref(1, im2col_opts);
-  ASSERT_TRUE(be.supports_blocked_layout() || !be.options().conv_onednn);
   int blocked_cases = 0;
   for (const ConvShape& cs : kModelConvs) {
     SCOPED_TRACE(testing::Message()
@@ -155,8 +154,8 @@ TEST_P(BlockedConv, EqualsPlainOnEveryModelShape) {
       EXPECT_LE(rel_err(plain.dw, r.dw), 1e-5) << "backward weights";
       EXPECT_LE(rel_err(plain.db, r.db), 1e-5) << "backward bias";
     }
-    for (Layout xl : {Layout::plain, Layout::blocked})
-      for (Layout yl : {Layout::plain, Layout::blocked}) {
+    for (Layout xl : {Layout::plain, Layout::blocked, Layout::nhwc})
+      for (Layout yl : {Layout::plain, Layout::blocked, Layout::nhwc}) {
         if (xl == Layout::plain && yl == Layout::plain) continue;
         if ((xl == Layout::blocked && cs.c % kChannelBlock) ||
             (yl == Layout::blocked && cs.k % kChannelBlock))
@@ -171,18 +170,20 @@ TEST_P(BlockedConv, EqualsPlainOnEveryModelShape) {
         EXPECT_EQ(b.db, plain.db) << "backward bias";
       }
   }
-  // x, y or both blocked where the channels allow: 1 + 3 (cnn), 1 + 7 x 3 (resnet), 0 (lenet_bn).
-  EXPECT_EQ(blocked_cases, 1 + 3 + 1 + 7 * 3);
+  // x and y in 2 or 3 layouts each (blocked where the channels allow), less plain-plain:
+  // cnn 2 x 3 - 1 and 3 x 3 - 1, resnet 2 x 3 - 1 and 7 x (3 x 3 - 1), lenet_bn 3 x (2 x 2 - 1).
+  EXPECT_EQ(blocked_cases, 5 + 8 + 5 + 7 * 8 + 3 * 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BlockedConv, ::testing::Values(DType::f32, DType::bf16));
 
-// The im2col convolution refuses a blocked tensor (it would read it as NCHW).
+// The im2col convolution refuses a blocked tensor (it would read it as NCHW), and its backend
+// keeps activations plain.
 TEST(BlockedConvIm2col, RefusesBlockedTensors) {
-  CpuOptions o = options(false);
+  CpuOptions o = options(true);
   o.conv_onednn = false;
   CpuBackend be(1, o);
-  EXPECT_FALSE(be.supports_blocked_layout());
+  EXPECT_EQ(be.activation_layout(DType::f32), Layout::plain);
   ConvShape cs{1, 16, 4, 4, 16, 3, 3, 1, 1};
   cs.y_layout = Layout::blocked;
   std::vector<float> x(256), w(16 * 16 * 9), y(256);
@@ -207,47 +208,48 @@ TEST_P(BlockedPool, EqualsPlainBitwise) {
                                          {1, 32, 6, 6, 2, 1},    // overlapping, stride 1
                                          {3, 16, 5, 5, 2, 2}};   // a row and a column unread
   for (PoolShape ps : shapes)
-    for (bool relu : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "C " << ps.c << " " << ps.h << "x" << ps.w << " kernel "
-                                      << ps.kernel << " stride " << ps.stride << " relu " << relu);
-      ps.relu_input = relu;
-      const int64_t hw = ps.h * ps.w;
-      const Shape xs{ps.n, ps.c, ps.h, ps.w}, ys{ps.n, ps.c, ps.p(), ps.q()};
-      // Four levels make ties; the ReLU's output has zeros and all-zero windows; a nan wins.
-      auto xv = uniform_floats(size_t(shape_numel(xs)), -1.f, 1.f, 21);
-      for (float& v : xv) v = std::round(v * 2) / 2;
-      if (relu)
-        for (float& v : xv) v = std::max(v, 0.f);
-      xv[size_t(3 * hw + 5)] = std::numeric_limits<float>::quiet_NaN();
-      const auto dyv = uniform_floats(size_t(shape_numel(ys)), -1.f, 1.f, 22);
-      struct Out {
-        std::vector<char> y, dx;
-        std::vector<int32_t> arg;
-      };
-      auto run = [&](Layout l) {
-        ps.x_layout = l;
-        Raw x(xv, t), dy(dyv, t), y(std::vector<float>(dyv.size()), t),
-            dx(std::vector<float>(xv.size()), t);
-        if (l == Layout::blocked) x.bytes = reblock(x.bytes, dtype_size(t), ps.n, ps.c, hw, true);
-        Out o;
-        o.arg.resize(dyv.size());
-        const Tensor arg(o.arg.data(), ys, DType::i32);
-        be.maxpool2d_forward(ps, x.view(xs), y.view(ys), arg);
-        be.maxpool2d_backward(ps, dy.view(ys), arg, dx.view(xs));
-        if (l == Layout::blocked)
-          dx.bytes = reblock(dx.bytes, dtype_size(t), ps.n, ps.c, hw, false);
-        o.y = y.bytes;
-        o.dx = dx.bytes;
-        return o;
-      };
-      const Out plain = run(Layout::plain), blocked = run(Layout::blocked);
-      EXPECT_EQ(blocked.arg, plain.arg) << "argmax";
-      EXPECT_TRUE(blocked.y == plain.y) << "the maxima differ";
-      EXPECT_TRUE(blocked.dx == plain.dx) << "the input gradients differ";
-      if (relu) {
-        EXPECT_NE(std::count(plain.arg.begin(), plain.arg.end(), -1), 0);
+    for (bool relu : {false, true})
+      for (Layout layout : {Layout::blocked, Layout::nhwc}) {
+        SCOPED_TRACE(testing::Message()
+                     << "C " << ps.c << " " << ps.h << "x" << ps.w << " kernel " << ps.kernel
+                     << " stride " << ps.stride << " relu " << relu << " layout " << int(layout));
+        ps.relu_input = relu;
+        const int64_t hw = ps.h * ps.w;
+        const Shape xs{ps.n, ps.c, ps.h, ps.w}, ys{ps.n, ps.c, ps.p(), ps.q()};
+        // Four levels make ties; the ReLU's output has zeros and all-zero windows; a nan wins.
+        auto xv = uniform_floats(size_t(shape_numel(xs)), -1.f, 1.f, 21);
+        for (float& v : xv) v = std::round(v * 2) / 2;
+        if (relu)
+          for (float& v : xv) v = std::max(v, 0.f);
+        xv[size_t(3 * hw + 5)] = std::numeric_limits<float>::quiet_NaN();
+        const auto dyv = uniform_floats(size_t(shape_numel(ys)), -1.f, 1.f, 22);
+        struct Out {
+          std::vector<char> y, dx;
+          std::vector<int32_t> arg;
+        };
+        auto run = [&](Layout l) {
+          ps.x_layout = l;
+          Raw x(xv, t), dy(dyv, t), y(std::vector<float>(dyv.size()), t),
+              dx(std::vector<float>(xv.size()), t);
+          x.bytes = reblock(x.bytes, dtype_size(t), l, ps.n, ps.c, hw, true);
+          Out o;
+          o.arg.resize(dyv.size());
+          const Tensor arg(o.arg.data(), ys, DType::i32);
+          be.maxpool2d_forward(ps, x.view(xs), y.view(ys), arg);
+          be.maxpool2d_backward(ps, dy.view(ys), arg, dx.view(xs));
+          dx.bytes = reblock(dx.bytes, dtype_size(t), l, ps.n, ps.c, hw, false);
+          o.y = y.bytes;
+          o.dx = dx.bytes;
+          return o;
+        };
+        const Out plain = run(Layout::plain), blocked = run(layout);
+        EXPECT_EQ(blocked.arg, plain.arg) << "argmax";
+        EXPECT_TRUE(blocked.y == plain.y) << "the maxima differ";
+        EXPECT_TRUE(blocked.dx == plain.dx) << "the input gradients differ";
+        if (relu) {
+          EXPECT_NE(std::count(plain.arg.begin(), plain.arg.end(), -1), 0);
+        }
       }
-    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BlockedPool, ::testing::Values(DType::f32, DType::bf16));
@@ -256,13 +258,16 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, BlockedPool, ::testing::Values(DType::f32, DTyp
 
 class BlockedCnn : public ::testing::TestWithParam<DType> {};
 
-// One forward and backward of the shipped cnn on a backend that keeps activations blocked and
-// on one that does not: the same logits and gradients, bit for bit; the blocked run's conv1
-// output is the plain one's in the blocked layout (so the blocked path did run).
+// One forward and backward of the shipped cnn on a backend that keeps activations in its
+// layout (fp32: blocked; bf16: nhwc where the bf16 convolutions run natively, else blocked)
+// and on one that does not: the same logits and gradients, bit for bit; the first run's conv1
+// output is the plain one's in that layout (so that path did run).
 TEST_P(BlockedCnn, StepEqualsPlainBitwise) {
   const DType t = GetParam();
   CpuBackend blocked_be(1, options(true)), plain_be(1, options(false));
-  ASSERT_TRUE(blocked_be.supports_blocked_layout()) << "the CPU backend runs im2col here";
+  const Layout layout = blocked_be.activation_layout(t);
+  ASSERT_NE(layout, Layout::plain);
+  EXPECT_EQ(plain_be.activation_layout(t), Layout::plain);
   struct Run {
     std::vector<float> logits, grad;
     std::vector<char> conv1;
@@ -290,9 +295,9 @@ TEST_P(BlockedCnn, StepEqualsPlainBitwise) {
   EXPECT_EQ(b.logits, p.logits);
   EXPECT_EQ(b.grad, p.grad);
   ASSERT_EQ(b.conv1.size(), p.conv1.size());
-  EXPECT_TRUE(b.conv1 == reblock(p.conv1, dtype_size(t), n, 32, 26 * 26, true))
-      << "conv1's output is not the plain one blocked";
-  EXPECT_FALSE(b.conv1 == p.conv1) << "conv1's output is not blocked";
+  EXPECT_TRUE(b.conv1 == reblock(p.conv1, dtype_size(t), layout, n, 32, 26 * 26, true))
+      << "conv1's output is not the plain one in layout " << int(layout);
+  EXPECT_FALSE(b.conv1 == p.conv1) << "conv1's output is plain";
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BlockedCnn, ::testing::Values(DType::f32, DType::bf16));
