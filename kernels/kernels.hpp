@@ -72,7 +72,7 @@ struct ConvShape {
 // relu_input: the input is a ReLU's output, and the pooling applies that ReLU's gradient
 // too (fused): a window whose maximum is not positive gets argmax -1 and routes no
 // gradient, which is exactly what the ReLU's mask would have zeroed.
-// x_layout: of x and dx; y, argmax and dy are plain.
+// x_layout: of x, dx and argmax (which only maxpool2d_backward reads); y and dy are plain.
 struct PoolShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t kernel = 2, stride = 2;
@@ -192,8 +192,8 @@ class Backend {
     conv2d_backward_filter(cs, x, dy, dw, db);
     if (dx) conv2d_backward_data(cs, dy, w, *dx);
   }
-  // y [N, C, P, Q] = window maxima; argmax (i32, same shape as y) = the winner's index
-  // h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
+  // y [N, C, P, Q] = window maxima; argmax (i32, y's shape, in ps.x_layout) = the winner's
+  // index h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
   virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                  const Tensor& argmax) = 0;
   // dx = dy routed to the argmax positions, zero elsewhere (overwritten).

@@ -264,6 +264,17 @@ void OneDnnConv::backward(const ConvShape& cs, DType compute, const void* x, DTy
   im.run_backward_data(ed, ed.dst == ew.dst ? ddst : im.input(3, ed.dst, ed.dst_u, dy), w, dx);
 }
 
+void OneDnnConv::reorder(int64_t n, int64_t c, int64_t h, int64_t w, DType t, const void* src,
+                         Layout from, void* dst, Layout to) {
+  auto& im = *impl_;
+  const memory::dims dims{n, c, h, w};
+  const memory::desc a(dims, dnnl_type(t, "oneDNN reorder"), tag_of(from)),
+      b(dims, dnnl_type(t, "oneDNN reorder"), tag_of(to));
+  memory ma(a, im.eng, const_cast<void*>(src)), mb(b, im.eng, dst);
+  im.reorder_for(a, b).execute(im.strm, ma, mb);
+  im.strm.wait();
+}
+
 std::string OneDnnConv::version() {
   const dnnl_version_t* v = dnnl_version();
   return cat("oneDNN ", v->major, ".", v->minor, ".", v->patch);

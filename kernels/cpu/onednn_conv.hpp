@@ -36,6 +36,10 @@ class OneDnnConv {
   // layout once when both primitives want the same one.
   void backward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* dy,
                 DType dyt, const void* w, DType wt, void* dx, DType dxt, float* dw, float* db);
+  // dst = src, an activation [n, c, h, w] of dtype t, from one layout into another (a JIT
+  // reorder; the max pooling of a blocked input makes its plain output with it).
+  void reorder(int64_t n, int64_t c, int64_t h, int64_t w, DType t, const void* src, Layout from,
+               void* dst, Layout to);
   static std::string version();  // "oneDNN 2.6.3"
 
  private:

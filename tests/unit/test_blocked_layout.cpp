@@ -4,7 +4,8 @@
 //    outputs in either layout equals the plain layout bitwise, and im2col + OpenBLAS within
 //    fp32 rounding, on every convolution shape of the shipped models;
 //  - max pooling of an input in either layout equals the plain kernel bitwise (values,
-//    argmax, the gradient), with ties, nans, overlapping windows and the fused ReLU gradient;
+//    argmax, the gradient; argmax in the input's layout), with ties, nans, overlapping windows and
+//    the fused ReLU gradient;
 //  - the cnn trained one step with the backend's activation layout equals the plain run
 //    bitwise, and its first convolution's output really is in that layout.
 #include <gtest/gtest.h>
@@ -238,6 +239,11 @@ TEST_P(BlockedPool, EqualsPlainBitwise) {
           be.maxpool2d_forward(ps, x.view(xs), y.view(ys), arg);
           be.maxpool2d_backward(ps, dy.view(ys), arg, dx.view(xs));
           dx.bytes = reblock(dx.bytes, dtype_size(t), l, ps.n, ps.c, hw, false);
+          // argmax is in x's layout (only the backward pass reads it).
+          std::vector<char> raw(o.arg.size() * 4);
+          std::memcpy(raw.data(), o.arg.data(), raw.size());
+          raw = reblock(raw, 4, l, ps.n, ps.c, ps.p() * ps.q(), false);
+          std::memcpy(o.arg.data(), raw.data(), raw.size());
           o.y = y.bytes;
           o.dx = dx.bytes;
           return o;
