@@ -53,6 +53,7 @@ const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
   Tensor* dx = needs_input_grad_ ? &dx_.ensure(x_.shape, dtype(ctx)) : nullptr;
   const Tensor w = dx ? weights(ctx, *weight_, w_) : Tensor();
   ctx.backend.conv2d_backward(cs_, x_, dy, w, dx, dw, bias_ ? &bias_->grad : nullptr);
+  if (dx && relu_input_) ctx.backend.relu_backward(x_, *dx, *dx);
   commit_grad(ctx, *weight_, dw);
   return dx_.view;
 }
