@@ -25,6 +25,8 @@ struct CpuOptions {
   // Activations between oneDNN convolutions and max pooling stay in the layout oneDNN's
   // kernels want (activation_layout()); default on with AVX-512.
   bool blocked_layout = true;
+  // oneDNN's Winograd convolution for 3x3 stride-1 fp32 layers of 16+ channels (else direct).
+  bool conv_winograd = true;
   static CpuOptions from_env();
 };
 

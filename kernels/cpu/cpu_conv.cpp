@@ -142,7 +142,7 @@ Layout CpuBackend::activation_layout(DType compute) {
 
 // oneDNN's engine and primitives are made at the first convolution, not for every backend.
 OneDnnConv* CpuBackend::onednn() {
-  if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
+  if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>(opts_.conv_winograd);
   return onednn_.get();
 }
 

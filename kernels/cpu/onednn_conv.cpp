@@ -80,13 +80,26 @@ struct OneDnnConv::Impl {
             {cs.n, cs.k, cs.p(), cs.q()}, {cs.stride, cs.stride},   {cs.pad, cs.pad}};
   }
 
+  bool winograd = true;  // OneDnnConv's constructor
+
+  // Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3, AVX-512, fp32) for 3x3 stride-1 convolutions
+  // with at least 16 input and output channels: about half the multiplications of the direct
+  // algorithm, in fp32 throughout (the transforms add rounding of the order of fp32's epsilon,
+  // within the tolerance the unit tests hold it to against im2col). Thin layers (the cnn's
+  // first) and other shapes stay direct; so does any shape oneDNN has no Winograd kernel for.
+  dnnl::algorithm algorithm_of(const ConvShape& cs, DType in) const {
+    const bool wino = winograd && in == DType::f32 && cs.r == 3 && cs.s == 3 && cs.stride == 1 &&
+                      cs.c >= 16 && cs.k >= 16;
+    return wino ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
+  }
+
   // The forward primitive descriptor (also the hint of the backward ones).
   dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& cs, bool bias, bool relu,
-                                                       DType in, DType out) {
+                                                       DType in, DType out, dnnl::algorithm alg) {
     const Descs d = dims_of(cs);
     const memory::desc none, bias_md(d.bias, dt::f32, tag::x);
     dnnl::convolution_forward::desc fd(
-        dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        dnnl::prop_kind::forward_training, alg,
         memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
         memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any), bias ? bias_md : none,
         memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::any), d.strides, d.pad,
@@ -104,6 +117,18 @@ struct OneDnnConv::Impl {
     const Key key = key_of(cs, kind, bias, relu, t);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
+    const dnnl::algorithm alg = algorithm_of(cs, t.compute);
+    if (alg != dnnl::algorithm::convolution_direct) {
+      try {
+        return cache.emplace(key, make(cs, kind, bias, relu, t, alg)).first->second;
+      } catch (const dnnl::error&) {  // no kernel for this shape or CPU: direct
+      }
+    }
+    return cache.emplace(key, make(cs, kind, bias, relu, t, dnnl::algorithm::convolution_direct))
+        .first->second;
+  }
+
+  Entry make(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t, dnnl::algorithm alg) {
     const Descs d = dims_of(cs);
     const DType in = t.compute;
     auto user = [](const memory::dims& dims, DType dt, tag layout) {
@@ -113,13 +138,13 @@ struct OneDnnConv::Impl {
     e.bias_u = memory::desc(d.bias, dt::f32, tag::x);
     const memory::desc none;
     if (kind == kForward) {
-      auto pd = forward_pd(cs, bias, relu, in, result_dtype(in, t.dst));
+      auto pd = forward_pd(cs, bias, relu, in, result_dtype(in, t.dst), alg);
       e.prim = dnnl::convolution_forward(pd);
       e.src = pd.src_desc(), e.wei = pd.weights_desc(), e.dst = pd.dst_desc();
     } else if (kind == kBackwardData) {
-      const auto hint = forward_pd(cs, false, false, in, in);
+      const auto hint = forward_pd(cs, false, false, in, in, alg);
       dnnl::convolution_backward_data::desc bd(
-          dnnl::algorithm::convolution_direct,
+          alg,
           memory::desc(d.src, dnnl_type(result_dtype(in, t.src), "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
@@ -128,10 +153,9 @@ struct OneDnnConv::Impl {
       e.prim = dnnl::convolution_backward_data(pd);
       e.src = pd.diff_src_desc(), e.wei = pd.weights_desc(), e.dst = pd.diff_dst_desc();
     } else {  // gradients of the filters (and bias) in fp32
-      const auto hint = forward_pd(cs, bias, false, in, in);
+      const auto hint = forward_pd(cs, bias, false, in, in, alg);
       dnnl::convolution_backward_weights::desc bd(
-          dnnl::algorithm::convolution_direct,
-          memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
+          alg, memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dt::f32, tag::any), bias ? e.bias_u : none,
           memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
           d.pad);
@@ -142,7 +166,7 @@ struct OneDnnConv::Impl {
     e.src_u = user(d.src, t.src, tag_of(cs.x_layout));
     e.wei_u = user(d.wei, kind == kBackwardWeights ? DType::f32 : t.wei, tag::oihw);
     e.dst_u = user(d.dst, t.dst, tag_of(cs.y_layout));
-    return cache.emplace(key, std::move(e)).first->second;
+    return e;
   }
 
   // Scratch memories in oneDNN's layouts, one per (descriptor, role), reused.
@@ -205,7 +229,9 @@ struct OneDnnConv::Impl {
   }
 };
 
-OneDnnConv::OneDnnConv() : impl_(std::make_unique<Impl>()) {}
+OneDnnConv::OneDnnConv(bool winograd) : impl_(std::make_unique<Impl>()) {
+  impl_->winograd = winograd;
+}
 OneDnnConv::~OneDnnConv() = default;
 
 bool OneDnnConv::supports(DType in) {
@@ -217,7 +243,8 @@ bool OneDnnConv::supports(DType in) {
   bool ok = false;
   try {  // the CNN's second convolution as the probe
     const ConvShape cs{64, 32, 26, 26, 64, 3, 3, 1, 0};
-    ok = !is_reference_impl(im.forward_pd(cs, true, true, in, in).impl_info_str());
+    ok = !is_reference_impl(
+        im.forward_pd(cs, true, true, in, in, dnnl::algorithm::convolution_direct).impl_info_str());
   } catch (const dnnl::error&) {  // unimplemented for this dtype on this CPU
   }
   return im.supported.emplace(in, ok).first->second;

@@ -14,7 +14,8 @@ namespace ringtrain::kernels::cpu {
 
 class OneDnnConv {
  public:
-  OneDnnConv();
+  // winograd: 3x3 stride-1 fp32 convolutions of 16+ channels by Winograd where oneDNN has it.
+  explicit OneDnnConv(bool winograd = true);
   ~OneDnnConv();
   // True when oneDNN has optimised (not reference) convolutions with inputs of dtype `in`.
   bool supports(DType in);
