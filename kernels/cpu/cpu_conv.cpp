@@ -175,10 +175,11 @@ DnnArg dnn_arg(const Tensor& t, DType compute, std::vector<float>& scratch, int 
   return {scratch.data(), DType::f32};
 }
 
-// im2col reads and writes NCHW only (supports_blocked_layout() is false without oneDNN).
+// im2col reads and writes NCHW only (activation_layout() is plain without oneDNN).
 void check_plain(const ConvShape& cs) {
   RT_CHECK(cs.x_layout == Layout::plain && cs.y_layout == Layout::plain,
-           "the im2col convolution takes NCHW tensors only, got a blocked one");
+           "the im2col convolution takes NCHW tensors only, got input layout ", int(cs.x_layout),
+           " and output layout ", int(cs.y_layout));
 }
 
 }  // namespace
