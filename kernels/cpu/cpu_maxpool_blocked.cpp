@@ -128,6 +128,19 @@ void with_block(const PoolShape& ps, F&& f) {
     f(Block<E, 0>{ps, B});
 }
 
+// dst = src ([N, C, h, w] of dtype t) from one layout into the other by oneDNN's reorder.
+// oneDNN 2.6 moves fp16 only in its reference reorder (about 100x slower), so fp16 goes
+// through fp32 (exact both ways).
+void relayout(OneDnnConv& dnn, const PoolShape& ps, int64_t h, int64_t w, DType t, const void* src,
+              Layout from, void* dst, Layout to, int threads) {
+  if (t != DType::f16) return dnn.reorder(ps.n, ps.c, h, w, t, src, from, dst, to);
+  const int64_t n = ps.n * ps.c * h * w;
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+  to_f32(src, t, a.data(), n, threads);
+  dnn.reorder(ps.n, ps.c, h, w, DType::f32, a.data(), from, b.data(), to);
+  from_f32(b.data(), dst, t, n, threads);
+}
+
 }  // namespace
 
 void CpuBackend::maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x, const Tensor& y,
@@ -158,8 +171,8 @@ void CpuBackend::maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x,
       }
     });
   });
-  dnn->reorder(ps.n, ps.c, ps.p(), ps.q(), y.dtype, scratch_a_.data(), ps.x_layout, y.data,
-               Layout::plain);
+  relayout(*dnn, ps, ps.p(), ps.q(), y.dtype, scratch_a_.data(), ps.x_layout, y.data, Layout::plain,
+           threads_);
 }
 
 void CpuBackend::maxpool2d_backward_blocked(const PoolShape& ps, const Tensor& dy,
@@ -171,8 +184,8 @@ void CpuBackend::maxpool2d_backward_blocked(const PoolShape& ps, const Tensor& d
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, blocks = ps.n * (ps.c / B);
   const auto* pa = argmax.as<int32_t>();
   scratch_a_.resize(size_t(dy.numel()));  // dy in x's layout
-  dnn->reorder(ps.n, ps.c, ps.p(), ps.q(), dy.dtype, dy.data, Layout::plain, scratch_a_.data(),
-               ps.x_layout);
+  relayout(*dnn, ps, ps.p(), ps.q(), dy.dtype, dy.data, Layout::plain, scratch_a_.data(),
+           ps.x_layout, threads_);
   dispatch_float(dy.dtype, [&](auto D) {
     using E = decltype(D);
     using S = typename E::storage;
