@@ -17,6 +17,10 @@ void check_conv_shapes(const ConvShape& cs, const Tensor& x, const Tensor& w, co
            " elements, expected ", cs.k * cs.c * cs.r * cs.s);
   RT_CHECK(y.numel() == cs.n * cs.k * cs.p() * cs.q(), "convolution output has ", y.numel(),
            " elements, expected ", cs.n * cs.k * cs.p() * cs.q());
+  RT_CHECK((cs.x_layout != Layout::blocked || cs.c % kChannelBlock == 0) &&
+               (cs.y_layout != Layout::blocked || cs.k % kChannelBlock == 0),
+           "a blocked convolution tensor needs channels in multiples of ", kChannelBlock,
+           ": input channels ", cs.c, ", output channels ", cs.k);
 }
 
 void check_pool_shapes(const PoolShape& ps, const Tensor& x, const Tensor& y,
@@ -27,6 +31,9 @@ void check_pool_shapes(const PoolShape& ps, const Tensor& x, const Tensor& y,
                argmax.numel() == y.numel() && argmax.dtype == DType::i32 && x.dtype == y.dtype,
            "max pooling shapes do not match: x ", shape_str(x.shape), " y ", shape_str(y.shape),
            " kernel ", ps.kernel, " stride ", ps.stride);
+  RT_CHECK(ps.x_layout != Layout::blocked || ps.c % kChannelBlock == 0,
+           "a blocked max pooling input needs channels in multiples of ", kChannelBlock, ", got ",
+           ps.c);
 }
 
 NchwDims batchnorm_dims(const Tensor& x, const Tensor& gamma) {

@@ -42,12 +42,28 @@ enum class Op {
 // An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
 enum class Activation { none, relu };
 
+// How an activation [N, C, H, W] lies in memory: plain NCHW, or the channels innermost in
+// blocks of B, element (n, c, h, w) at (((n C/B + c/B) H + h) W + w) B + c % B, with B = 16
+// (blocked: oneDNN's nChw16c, for C a multiple of 16; what its AVX-512 fp32 kernels want) or
+// B = C (nhwc, channels last; what its AMX bf16 kernels want). Both have the plain tensor's
+// size, so elementwise ops (casts, ReLU) read them as they read a plain one. Convolution and
+// max pooling take the layout their backend's activation_layout() names; nn/model.cpp
+// chooses the tensors that stay in it between layers.
+enum class Layout { plain, blocked, nhwc };
+constexpr int64_t kChannelBlock = 16;
+// B of a layout for C channels (0: plain).
+inline int64_t channel_block(Layout l, int64_t c) {
+  return l == Layout::blocked ? kChannelBlock : l == Layout::nhwc ? c : 0;
+}
+
 // A 2-D convolution (cross-correlation, as in PyTorch): input [N, C, H, W], filters
 // [K, C, R, S], output [N, K, P, Q], one stride and one zero padding for both axes.
 struct ConvShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t k = 0, r = 0, s = 0;
   int64_t stride = 1, pad = 0;
+  Layout x_layout = Layout::plain;  // of x and dx
+  Layout y_layout = Layout::plain;  // of y and dy
   int64_t p() const { return (h + 2 * pad - r) / stride + 1; }
   int64_t q() const { return (w + 2 * pad - s) / stride + 1; }
 };
@@ -56,10 +72,12 @@ struct ConvShape {
 // relu_input: the input is a ReLU's output, and the pooling applies that ReLU's gradient
 // too (fused): a window whose maximum is not positive gets argmax -1 and routes no
 // gradient, which is exactly what the ReLU's mask would have zeroed.
+// x_layout: of x, dx and argmax (which only maxpool2d_backward reads); y and dy are plain.
 struct PoolShape {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t kernel = 2, stride = 2;
   bool relu_input = false;
+  Layout x_layout = Layout::plain;
   int64_t p() const { return (h - kernel) / stride + 1; }
   int64_t q() const { return (w - kernel) / stride + 1; }
 };
@@ -117,6 +135,9 @@ class Backend {
   virtual bool supports(Op op, DType dtype) const = 0;
   virtual void set_threads(int n) = 0;  // threads of this rank (OpenMP and the BLAS)
   virtual int threads() const = 0;
+  // The layout conv2d and maxpool2d keep activations in between layers, for a model that
+  // computes in `compute` (Layout::plain: NCHW only, the default).
+  virtual Layout activation_layout(DType compute) { return Layout::plain; }
 
   // c = alpha * op(a) * op(b) + beta * c, row-major 2-D; op(x) is x or its transpose.
   // a and b may be any float dtype; products and sums in fp32, rounded once to c.dtype
@@ -171,8 +192,8 @@ class Backend {
     conv2d_backward_filter(cs, x, dy, dw, db);
     if (dx) conv2d_backward_data(cs, dy, w, *dx);
   }
-  // y [N, C, P, Q] = window maxima; argmax (i32, same shape as y) = the winner's index
-  // h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
+  // y [N, C, P, Q] = window maxima; argmax (i32, y's shape, in ps.x_layout) = the winner's
+  // index h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
   virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                  const Tensor& argmax) = 0;
   // dx = dy routed to the argmax positions, zero elsewhere (overwritten).

@@ -184,9 +184,20 @@ class Conv2D final : public Layer {
     kernels::Activation act = kernels::Activation::none;
   };
   Conv2D(std::string name, Options o) : Layer(std::move(name)), o_(o) {}
-  // The next layer applies this layer's ReLU gradient (a MaxPool2D with set_relu_input).
+  // The next layer applies this layer's ReLU gradient (a MaxPool2D or Conv2D with
+  // set_relu_input).
   void set_relu_grad_done_by_next(bool yes) { relu_grad_by_next_ = yes; }
+  // Input / output (and their gradients) in the backend's activation_layout() (kernels::Layout,
+  // channels innermost; NCHW on a backend without one): set by Model::apply_policy for
+  // tensors that pass only between convolutions and max pooling.
+  void set_input_blocked(bool yes) { x_blocked_ = yes; }
+  void set_output_blocked(bool yes) { y_blocked_ = yes; }
+  // The input is the output of a previous layer's fused ReLU, whose gradient this layer
+  // applies to its dx in place (one pass over the tensor fewer); that layer then skips its
+  // own ReLU mask.
+  void set_relu_input(bool yes) { relu_input_ = yes; }
   kernels::Activation activation() const { return o_.act; }
+  int64_t out_channels() const { return o_.out_channels; }
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
@@ -194,7 +205,7 @@ class Conv2D final : public Layer {
 
  private:
   Options o_;
-  bool relu_grad_by_next_ = false;
+  bool relu_grad_by_next_ = false, relu_input_ = false, x_blocked_ = false, y_blocked_ = false;
   kernels::ConvShape cs_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
@@ -231,12 +242,14 @@ class MaxPool2D final : public Layer {
   // The input is the output of a layer's fused ReLU, whose gradient this pooling applies
   // (kernels::PoolShape::relu_input); that layer then skips its own ReLU mask.
   void set_relu_input(bool yes) { relu_input_ = yes; }
+  // The input (and its gradient) in the backend's activation_layout(), as Conv2D's.
+  void set_input_blocked(bool yes) { x_blocked_ = yes; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
 
  private:
   int64_t kernel_, stride_;
-  bool relu_input_ = false;
+  bool relu_input_ = false, x_blocked_ = false;
   kernels::PoolShape ps_;
   Shape x_shape_;
   OwnedTensor xin_, y_, argmax_, dy_, dx_;

@@ -140,16 +140,40 @@ void Model::apply_policy() {
     }
     if (from_input_only) layers_[n]->set_needs_input_grad(false);
   }
-  // Fusion: a convolution with a fused ReLU read only by a max pooling leaves the ReLU's
-  // gradient mask to the pooling (one pass over the larger tensor saved).
+  // Fusion: a convolution with a fused ReLU read only by a max pooling or another convolution
+  // leaves the ReLU's gradient mask to that reader (the pooling routes no gradient to a window
+  // whose maximum is 0; the convolution masks its dx in place): one pass over the tensor saved.
   for (size_t n = 0; n < layers_.size(); ++n) {
-    auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get());
-    if (!pool || inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
+    if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
     const auto src = size_t(inputs_[n][0]);
     auto* conv = dynamic_cast<Conv2D*>(layers_[src].get());
     if (!conv || consumers[src] != 1 || conv->activation() != kernels::Activation::relu) continue;
+    if (auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get())) {
+      pool->set_relu_input(true);
+    } else if (auto* next = dynamic_cast<Conv2D*>(layers_[n].get())) {
+      next->set_relu_input(true);
+    } else {
+      continue;
+    }
     conv->set_relu_grad_done_by_next(true);
-    pool->set_relu_input(true);
+  }
+  // Layouts: a convolution's output read only by another convolution or a max pooling stays
+  // in the backend's activation layout (no reorders between oneDNN's kernels); all other
+  // tensors, the pooling's output among them, are NCHW.
+  for (size_t n = 0; n < layers_.size(); ++n) {
+    if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
+    const auto src = size_t(inputs_[n][0]);
+    auto* conv = dynamic_cast<Conv2D*>(layers_[src].get());
+    if (!conv || consumers[src] != 1 || conv->out_channels() % kernels::kChannelBlock != 0)
+      continue;
+    if (auto* next = dynamic_cast<Conv2D*>(layers_[n].get())) {
+      next->set_input_blocked(true);
+    } else if (auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get())) {
+      pool->set_input_blocked(true);
+    } else {
+      continue;
+    }
+    conv->set_output_blocked(true);
   }
 }
 

@@ -80,6 +80,7 @@ CpuOptions CpuOptions::from_env() {
   RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,
              "' is not valid; expected onednn or im2col");
   o.conv_onednn = c == "onednn";
+  o.blocked_layout = isa_level(f) == IsaLevel::avx512;
   // Once per process: OpenBLAS will run GEMMs with kernels below what this CPU has.
   if ((o.gemm == GemmProvider::openblas || !o.conv_onednn) && openblas_core_is_weak(f, core)) {
     static std::once_flag warned;

@@ -22,6 +22,11 @@ struct CpuOptions {
   // 16-bit GEMMs and convolutions on the 16-bit inputs where oneDNN has kernels for them;
   // false: always widened to fp32 first (the reference path).
   bool native16 = true;
+  // Activations between oneDNN convolutions and max pooling stay in the layout oneDNN's
+  // kernels want (activation_layout()); default on with AVX-512.
+  bool blocked_layout = true;
+  // oneDNN's Winograd convolution for 3x3 stride-1 fp32 layers of 16+ channels (else direct).
+  bool conv_winograd = true;
   static CpuOptions from_env();
 };
 
@@ -37,6 +42,7 @@ class CpuBackend final : public Backend {
   bool supports(Op op, DType dtype) const override { return is_float(dtype); }
   void set_threads(int n) override;
   int threads() const override { return threads_; }
+  Layout activation_layout(DType compute) override;  // cpu_conv.cpp
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;
@@ -108,6 +114,11 @@ class CpuBackend final : public Backend {
  private:
   // fp32 view of a tensor: the tensor itself when fp32, else a converted copy in `scratch`.
   const float* as_f32(const Tensor& t, std::vector<float>& scratch);
+  // cpu_maxpool_blocked.cpp: max pooling of a blocked or nhwc input (ps.x_layout).
+  void maxpool2d_forward_blocked(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                                 const Tensor& argmax);
+  void maxpool2d_backward_blocked(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                                  const Tensor& dx);
 
   // The dtype a GEMM / convolution with inputs a and b computes on: their own 16-bit dtype
   // when it runs natively, else fp32 (both widened).

@@ -131,9 +131,18 @@ void maxpool2x2_row(const S* r0, int64_t w, int64_t base, int64_t Q, bool relu_i
 
 }  // namespace
 
+Layout CpuBackend::activation_layout(DType compute) {
+  OneDnnConv* dnn = onednn();
+  if (!dnn || !opts_.blocked_layout) return Layout::plain;
+  // oneDNN's AMX kernels (16-bit inputs, native) read and write channels last; its AVX-512
+  // fp32 kernels (16-bit tensors widened to fp32 by the reorders) nChw16c.
+  const bool half = compute == DType::bf16 || compute == DType::f16;
+  return half && opts_.native16 && dnn->supports(compute) ? Layout::nhwc : Layout::blocked;
+}
+
 // oneDNN's engine and primitives are made at the first convolution, not for every backend.
 OneDnnConv* CpuBackend::onednn() {
-  if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>();
+  if (opts_.conv_onednn && !onednn_) onednn_ = std::make_unique<OneDnnConv>(opts_.conv_winograd);
   return onednn_.get();
 }
 
@@ -166,6 +175,13 @@ DnnArg dnn_arg(const Tensor& t, DType compute, std::vector<float>& scratch, int 
   return {scratch.data(), DType::f32};
 }
 
+// im2col reads and writes NCHW only (activation_layout() is plain without oneDNN).
+void check_plain(const ConvShape& cs) {
+  RT_CHECK(cs.x_layout == Layout::plain && cs.y_layout == Layout::plain,
+           "the im2col convolution takes NCHW tensors only, got input layout ", int(cs.x_layout),
+           " and output layout ", int(cs.y_layout));
+}
+
 }  // namespace
 
 void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
@@ -190,6 +206,7 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
     if (!direct) from_f32(out32_.data(), y.data, y.dtype, y.numel(), threads_);
     return;
   }
+  check_plain(cs);
   const float* px = as_f32(x, scratch_a_);
   const float* pw = as_f32(w, scratch_b_);
   const bool pointwise = is_pointwise(cs);
@@ -234,6 +251,7 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
     if (!direct) from_f32(out32_.data(), dx.data, dx.dtype, dx.numel(), threads_);
     return;
   }
+  check_plain(cs);
   const float* pdy = as_f32(dy, scratch_a_);
   const float* pw = as_f32(w, scratch_b_);
   const bool pointwise = is_pointwise(cs);
@@ -303,6 +321,7 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
     if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
     return;
   }
+  check_plain(cs);
   const float* px = as_f32(x, scratch_a_);
   const float* pdy = as_f32(dy, scratch_b_);
   const bool pointwise = is_pointwise(cs);
@@ -334,6 +353,7 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
                                    const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
   check_pool_shapes(ps, x, y, argmax);
+  if (ps.x_layout != Layout::plain) return maxpool2d_forward_blocked(ps, x, y, argmax);
   auto* pa = argmax.as<int32_t>();
   dispatch_float(x.dtype, [&](auto X) {
     using E = decltype(X);
@@ -379,6 +399,10 @@ void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const
                dy.dtype == dx.dtype,
            "max pooling gradient shapes do not match: dy ", shape_str(dy.shape), " dx ",
            shape_str(dx.shape));
+  RT_CHECK(ps.x_layout != Layout::blocked || ps.c % kChannelBlock == 0,
+           "a blocked max pooling gradient needs channels in multiples of ", kChannelBlock,
+           ", got ", ps.c);
+  if (ps.x_layout != Layout::plain) return maxpool2d_backward_blocked(ps, dy, argmax, dx);
   const auto* pa = argmax.as<int32_t>();
   dispatch_float(dy.dtype, [&](auto D) {
     using E = decltype(D);

@@ -1,10 +1,12 @@
 // Convolution through oneDNN: forward with fused bias + ReLU, backward data and backward
 // weights, in fp32 or on 16-bit inputs with fp32 accumulation. oneDNN chooses its own
-// (blocked) layouts (format_tag::any); our NCHW / OIHW tensors are reordered into them and
-// back around each call, and a reorder also converts between the tensor's dtype and the
-// primitive's, so a 16-bit tensor on the fp32 path is widened (and an fp32 result rounded)
-// in the pass that changes its layout, not in a pass of its own. Primitives and their
-// internal buffers are cached per shape and dtypes, so a training step creates nothing new.
+// (blocked) layouts (format_tag::any); our tensors (activations NCHW, nChw16c or NHWC per
+// ConvShape's layouts; filters OIHW) are reordered into them and back around each call where
+// they differ (the CPU backend's activation_layout() is what the kernels want: no reorder),
+// and a reorder also converts between the tensor's dtype and the primitive's, so a 16-bit
+// tensor on the fp32 path is widened (and an fp32 result rounded) in the pass that changes
+// its layout, not in a pass of its own. Primitives and their internal buffers are cached per
+// shape, layouts and dtypes, so a training step creates nothing new.
 #include "kernels/cpu/onednn_conv.hpp"
 
 #include <map>
@@ -34,12 +36,18 @@ struct Dtypes {
   auto operator<=>(const Dtypes&) const = default;
 };
 
-// Shape, kind, bias, relu and the dtypes.
+// Shape, layouts, kind, bias, relu and the dtypes.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, bool, bool, Dtypes>;
+                       int64_t, Layout, Layout, int, bool, bool, Dtypes>;
 
 Key key_of(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t) {
-  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, kind, bias, relu, t};
+  return {cs.n,   cs.c,        cs.h,        cs.w, cs.k, cs.r, cs.s, cs.stride,
+          cs.pad, cs.x_layout, cs.y_layout, kind, bias, relu, t};
+}
+
+// oneDNN's name of an activation layout.
+memory::format_tag tag_of(Layout l) {
+  return l == Layout::blocked ? tag::nChw16c : l == Layout::nhwc ? tag::nhwc : tag::nchw;
 }
 
 // The dtype a primitive writes its result in: the caller's when oneDNN can write it from
@@ -58,7 +66,7 @@ struct OneDnnConv::Impl {
   struct Entry {
     dnnl::primitive prim;
     memory::desc src, wei, dst;        // wanted: src/diff_src, weights/diff_weights, dst/diff_dst
-    memory::desc src_u, wei_u, dst_u;  // ours (NCHW / OIHW, in the tensors' dtypes)
+    memory::desc src_u, wei_u, dst_u;  // ours (ConvShape's layouts / OIHW, the tensors' dtypes)
     memory::desc bias_u;
   };
   std::map<Key, Entry> cache;
@@ -72,13 +80,26 @@ struct OneDnnConv::Impl {
             {cs.n, cs.k, cs.p(), cs.q()}, {cs.stride, cs.stride},   {cs.pad, cs.pad}};
   }
 
+  bool winograd = true;  // OneDnnConv's constructor
+
+  // Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3, AVX-512, fp32) for 3x3 stride-1 convolutions
+  // with at least 16 input and output channels: about half the multiplications of the direct
+  // algorithm, in fp32 throughout (the transforms add rounding of the order of fp32's epsilon,
+  // within the tolerance the unit tests hold it to against im2col). Thin layers (the cnn's
+  // first) and other shapes stay direct; so does any shape oneDNN has no Winograd kernel for.
+  dnnl::algorithm algorithm_of(const ConvShape& cs, DType in) const {
+    const bool wino = winograd && in == DType::f32 && cs.r == 3 && cs.s == 3 && cs.stride == 1 &&
+                      cs.c >= 16 && cs.k >= 16;
+    return wino ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
+  }
+
   // The forward primitive descriptor (also the hint of the backward ones).
   dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& cs, bool bias, bool relu,
-                                                       DType in, DType out) {
+                                                       DType in, DType out, dnnl::algorithm alg) {
     const Descs d = dims_of(cs);
     const memory::desc none, bias_md(d.bias, dt::f32, tag::x);
     dnnl::convolution_forward::desc fd(
-        dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        dnnl::prop_kind::forward_training, alg,
         memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
         memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any), bias ? bias_md : none,
         memory::desc(d.dst, dnnl_type(out, "oneDNN convolution"), tag::any), d.strides, d.pad,
@@ -96,6 +117,18 @@ struct OneDnnConv::Impl {
     const Key key = key_of(cs, kind, bias, relu, t);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
+    const dnnl::algorithm alg = algorithm_of(cs, t.compute);
+    if (alg != dnnl::algorithm::convolution_direct) {
+      try {
+        return cache.emplace(key, make(cs, kind, bias, relu, t, alg)).first->second;
+      } catch (const dnnl::error&) {  // no kernel for this shape or CPU: direct
+      }
+    }
+    return cache.emplace(key, make(cs, kind, bias, relu, t, dnnl::algorithm::convolution_direct))
+        .first->second;
+  }
+
+  Entry make(const ConvShape& cs, Kind kind, bool bias, bool relu, Dtypes t, dnnl::algorithm alg) {
     const Descs d = dims_of(cs);
     const DType in = t.compute;
     auto user = [](const memory::dims& dims, DType dt, tag layout) {
@@ -105,13 +138,13 @@ struct OneDnnConv::Impl {
     e.bias_u = memory::desc(d.bias, dt::f32, tag::x);
     const memory::desc none;
     if (kind == kForward) {
-      auto pd = forward_pd(cs, bias, relu, in, result_dtype(in, t.dst));
+      auto pd = forward_pd(cs, bias, relu, in, result_dtype(in, t.dst), alg);
       e.prim = dnnl::convolution_forward(pd);
       e.src = pd.src_desc(), e.wei = pd.weights_desc(), e.dst = pd.dst_desc();
     } else if (kind == kBackwardData) {
-      const auto hint = forward_pd(cs, false, false, in, in);
+      const auto hint = forward_pd(cs, false, false, in, in, alg);
       dnnl::convolution_backward_data::desc bd(
-          dnnl::algorithm::convolution_direct,
+          alg,
           memory::desc(d.src, dnnl_type(result_dtype(in, t.src), "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
@@ -120,10 +153,9 @@ struct OneDnnConv::Impl {
       e.prim = dnnl::convolution_backward_data(pd);
       e.src = pd.diff_src_desc(), e.wei = pd.weights_desc(), e.dst = pd.diff_dst_desc();
     } else {  // gradients of the filters (and bias) in fp32
-      const auto hint = forward_pd(cs, bias, false, in, in);
+      const auto hint = forward_pd(cs, bias, false, in, in, alg);
       dnnl::convolution_backward_weights::desc bd(
-          dnnl::algorithm::convolution_direct,
-          memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
+          alg, memory::desc(d.src, dnnl_type(in, "oneDNN convolution"), tag::any),
           memory::desc(d.wei, dt::f32, tag::any), bias ? e.bias_u : none,
           memory::desc(d.dst, dnnl_type(in, "oneDNN convolution"), tag::any), d.strides, d.pad,
           d.pad);
@@ -131,10 +163,10 @@ struct OneDnnConv::Impl {
       e.prim = dnnl::convolution_backward_weights(pd);
       e.src = pd.src_desc(), e.wei = pd.diff_weights_desc(), e.dst = pd.diff_dst_desc();
     }
-    e.src_u = user(d.src, t.src, tag::nchw);
+    e.src_u = user(d.src, t.src, tag_of(cs.x_layout));
     e.wei_u = user(d.wei, kind == kBackwardWeights ? DType::f32 : t.wei, tag::oihw);
-    e.dst_u = user(d.dst, t.dst, tag::nchw);
-    return cache.emplace(key, std::move(e)).first->second;
+    e.dst_u = user(d.dst, t.dst, tag_of(cs.y_layout));
+    return e;
   }
 
   // Scratch memories in oneDNN's layouts, one per (descriptor, role), reused.
@@ -197,7 +229,9 @@ struct OneDnnConv::Impl {
   }
 };
 
-OneDnnConv::OneDnnConv() : impl_(std::make_unique<Impl>()) {}
+OneDnnConv::OneDnnConv(bool winograd) : impl_(std::make_unique<Impl>()) {
+  impl_->winograd = winograd;
+}
 OneDnnConv::~OneDnnConv() = default;
 
 bool OneDnnConv::supports(DType in) {
@@ -209,7 +243,8 @@ bool OneDnnConv::supports(DType in) {
   bool ok = false;
   try {  // the CNN's second convolution as the probe
     const ConvShape cs{64, 32, 26, 26, 64, 3, 3, 1, 0};
-    ok = !is_reference_impl(im.forward_pd(cs, true, true, in, in).impl_info_str());
+    ok = !is_reference_impl(
+        im.forward_pd(cs, true, true, in, in, dnnl::algorithm::convolution_direct).impl_info_str());
   } catch (const dnnl::error&) {  // unimplemented for this dtype on this CPU
   }
   return im.supported.emplace(in, ok).first->second;
@@ -254,6 +289,17 @@ void OneDnnConv::backward(const ConvShape& cs, DType compute, const void* x, DTy
   if (!dx) return;
   auto& ed = im.get(cs, kBackwardData, false, false, {compute, dxt, wt, dyt});
   im.run_backward_data(ed, ed.dst == ew.dst ? ddst : im.input(3, ed.dst, ed.dst_u, dy), w, dx);
+}
+
+void OneDnnConv::reorder(int64_t n, int64_t c, int64_t h, int64_t w, DType t, const void* src,
+                         Layout from, void* dst, Layout to) {
+  auto& im = *impl_;
+  const memory::dims dims{n, c, h, w};
+  const memory::desc a(dims, dnnl_type(t, "oneDNN reorder"), tag_of(from)),
+      b(dims, dnnl_type(t, "oneDNN reorder"), tag_of(to));
+  memory ma(a, im.eng, const_cast<void*>(src)), mb(b, im.eng, dst);
+  im.reorder_for(a, b).execute(im.strm, ma, mb);
+  im.strm.wait();
 }
 
 std::string OneDnnConv::version() {

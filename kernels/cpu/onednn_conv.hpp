@@ -1,6 +1,6 @@
 // Convolution through oneDNN, the CPU backend's alternative to im2col + OpenBLAS (chosen with
-// RINGTRAIN_CONV=onednn|im2col; benchmarks/conv_bench measures both). Tensors in NCHW
-// (activations) and OIHW (filters), like the rest of the CPU backend, in any float dtype; the
+// RINGTRAIN_CONV=onednn|im2col; benchmarks/conv_bench measures both). Activations in NCHW or
+// the layouts of ConvShape (kernels::Layout), filters in OIHW, in any float dtype; the
 // arithmetic in fp32 or, where oneDNN has kernels for it (supports()), on bf16 / fp16 inputs
 // with fp32 accumulation.
 #pragma once
@@ -14,7 +14,8 @@ namespace ringtrain::kernels::cpu {
 
 class OneDnnConv {
  public:
-  OneDnnConv();
+  // winograd: 3x3 stride-1 fp32 convolutions of 16+ channels by Winograd where oneDNN has it.
+  explicit OneDnnConv(bool winograd = true);
   ~OneDnnConv();
   // True when oneDNN has optimised (not reference) convolutions with inputs of dtype `in`.
   bool supports(DType in);
@@ -36,6 +37,10 @@ class OneDnnConv {
   // layout once when both primitives want the same one.
   void backward(const ConvShape& cs, DType compute, const void* x, DType xt, const void* dy,
                 DType dyt, const void* w, DType wt, void* dx, DType dxt, float* dw, float* db);
+  // dst = src, an activation [n, c, h, w] of dtype t, from one layout into another (a JIT
+  // reorder; the max pooling of a blocked input makes its plain output with it).
+  void reorder(int64_t n, int64_t c, int64_t h, int64_t w, DType t, const void* src, Layout from,
+               void* dst, Layout to);
   static std::string version();  // "oneDNN 2.6.3"
 
  private:

@@ -34,6 +34,9 @@ const Tensor& Conv2D::forward(Context& ctx, const Tensor& x) {
              " expects input [N, ", o_.in_channels, ", H, W], got ", shape_str(x.shape));
   cs_ = {x.dim(0),  x.dim(1),  x.dim(2),  x.dim(3),  o_.out_channels,
          o_.kernel, o_.kernel, o_.stride, o_.padding};
+  const kernels::Layout kept = ctx.backend.activation_layout(ctx.compute);
+  cs_.x_layout = x_blocked_ ? kept : kernels::Layout::plain;
+  cs_.y_layout = y_blocked_ ? kept : kernels::Layout::plain;
   RT_REQUIRE(cs_.p() > 0 && cs_.q() > 0, "layer ", name(), ": input ", x.dim(2), "x", x.dim(3),
              " is too small for a ", o_.kernel, "x", o_.kernel, " kernel with padding ",
              o_.padding);
@@ -50,6 +53,7 @@ const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
   Tensor* dx = needs_input_grad_ ? &dx_.ensure(x_.shape, dtype(ctx)) : nullptr;
   const Tensor w = dx ? weights(ctx, *weight_, w_) : Tensor();
   ctx.backend.conv2d_backward(cs_, x_, dy, w, dx, dw, bias_ ? &bias_->grad : nullptr);
+  if (dx && relu_input_) ctx.backend.relu_backward(x_, *dx, *dx);
   commit_grad(ctx, *weight_, dw);
   return dx_.view;
 }

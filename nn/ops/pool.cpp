@@ -13,6 +13,7 @@ const Tensor& MaxPool2D::forward(Context& ctx, const Tensor& x) {
   RT_REQUIRE(x.shape.size() == 4 && x.dim(2) >= kernel_ && x.dim(3) >= kernel_, "layer ", name(),
              " expects input [N, C, H, W] with H, W >= ", kernel_, ", got ", shape_str(x.shape));
   ps_ = {x.dim(0), x.dim(1), x.dim(2), x.dim(3), kernel_, stride_, relu_input_};
+  if (x_blocked_) ps_.x_layout = ctx.backend.activation_layout(ctx.compute);
   x_shape_ = x.shape;
   const Tensor& xi = in_dtype(ctx, x, xin_);
   const Shape ys{ps_.n, ps_.c, ps_.p(), ps_.q()};

@@ -263,6 +263,46 @@ TEST(FusedActivation, ConvReluEqualsSeparateLayers) {
 }
 
 // conv + fused ReLU + max pooling with the ReLU's gradient applied by the pooling (as the
+
+// conv + fused ReLU read by a second convolution, which applies the ReLU's gradient to its dx
+// in place (as the cnn builds it), equals conv, ReLU and conv as three layers, forward and
+// backward, with the first layer's input gradient (the mask reaches it) and the weights'.
+TEST(FusedActivation, ReluGradientInNextConvEqualsSeparateLayers) {
+  auto be = kernels::make_cpu_backend(1);
+  Context ctx{*be, DType::f32, true, 0};
+  auto build = [&](bool fused) {
+    std::vector<std::unique_ptr<Layer>> layers;
+    layers.push_back(std::make_unique<Conv2D>(
+        "conv1",
+        Conv2D::Options{2, 16, 3, 1, 1, true, fused ? Activation::relu : Activation::none}));
+    if (!fused) layers.push_back(std::make_unique<ReLU>("relu"));
+    layers.push_back(std::make_unique<Conv2D>("conv2", Conv2D::Options{16, 4, 3, 1, 0, true}));
+    auto m = std::make_unique<Model>(std::move(layers), DType::f32);
+    m->layers()[0]->set_needs_input_grad(true);
+    m->init_parameters(5, *be);
+    return m;
+  };
+  auto fused = build(true), plain = build(false);
+  auto xv = uniform_floats(2 * 2 * 7 * 7, -1.f, 1.f, 14);
+  Tensor x(xv.data(), {2, 2, 7, 7}, DType::f32);
+  const auto yf = copy_of(fused->forward(ctx, x)), yp = copy_of(plain->forward(ctx, x));
+  ASSERT_EQ(yf, yp);
+  auto r = uniform_floats(yf.size(), -1.f, 1.f, 15);
+  Tensor dy(r.data(), {2, 4, 5, 5}, DType::f32);
+  std::vector<float> dxf, dxp;
+  LayerHooks fused_hooks, plain_hooks;
+  fused_hooks.after_backward = [&](size_t l, const Tensor& g) {
+    if (l == 0) dxf = copy_of(g);
+  };
+  plain_hooks.after_backward = [&](size_t l, const Tensor& g) {
+    if (l == 0) dxp = copy_of(g);
+  };
+  fused->backward(ctx, dy, fused_hooks);
+  plain->backward(ctx, dy, plain_hooks);
+  ASSERT_EQ(dxf.size(), xv.size());
+  EXPECT_EQ(dxf, dxp);
+  EXPECT_EQ(copy_of(fused->grad()), copy_of(plain->grad()));
+}
 // cnn builds it) equals conv, ReLU and pooling as three layers, forward and backward.
 TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
   auto be = kernels::make_cpu_backend(1);
