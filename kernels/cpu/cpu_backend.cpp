@@ -190,6 +190,24 @@ void CpuBackend::bias_add(const Tensor& y, const Tensor& bias, Activation act) {
   RT_CHECK(bias.numel() == f, "bias of ", bias.numel(), " for rows of ", f);
   const float* pb = as_f32(bias, scratch_b_);
   const bool relu = act == Activation::relu;
+  if (y.dtype != DType::f32) {  // 16-bit rows widened, added and rounded by the vector casts
+#pragma omp parallel num_threads(threads_) if (y.numel() >= kParallelMin)
+    {
+      std::vector<float> row(static_cast<size_t>(f));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        char* py = static_cast<char*>(y.data) + r * f * int64_t(dtype_size(y.dtype));
+        to_f32(py, y.dtype, row.data(), f, 1);
+#pragma omp simd
+        for (int64_t j = 0; j < f; ++j) {
+          const float v = row[size_t(j)] + pb[j];
+          row[size_t(j)] = relu && v < 0.f ? 0.f : v;  // nan stays nan
+        }
+        from_f32(row.data(), py, y.dtype, f, 1);
+      }
+    }
+    return;
+  }
   dispatch_float(y.dtype, [&](auto Y) {
     using E = decltype(Y);
     auto* py = y.as<typename E::storage>();
