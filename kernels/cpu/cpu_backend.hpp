@@ -115,6 +115,13 @@ class CpuBackend final : public Backend {
   // a as `want` (itself, or converted into scratch).
   const void* as_dtype(const Tensor& t, DType want, std::vector<float>& scratch);
   OneDnnMatmul& matmul();
+  // cpu_attention_gemm.cpp: attention as tile GEMMs through oneDNN (when it is the GEMM
+  // provider), computing on the dtype attention_gemm_dtype gives for the GEMM inputs a, b.
+  DType attention_gemm_dtype(const Tensor& a, const Tensor& b);
+  void attention_forward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse);
+  void attention_backward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,
+                               const Tensor& dout, const Tensor& lse, const Tensor& dqkv);
 
   CpuOptions opts_;
   int threads_ = 1;
