@@ -34,7 +34,8 @@ constexpr int64_t kTile = 64;  // queries per tile
 // log-sum-exp.
 RT_INLINE float softmax_row_body(float* s, int64_t valid, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
