@@ -224,6 +224,17 @@ void CpuBackend::bias_grad(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.dim(0), f = dy.numel() / rows;
   RT_CHECK(db.numel() == f, "bias gradient of ", db.numel(), " for rows of ", f);
   std::vector<float> acc(static_cast<size_t>(f), 0.f);
+  if (dy.dtype != DType::f32) {  // 16-bit rows widened by the vector casts, summed in order
+    std::vector<float> row(static_cast<size_t>(f));
+    for (int64_t r = 0; r < rows; ++r) {
+      to_f32(static_cast<const char*>(dy.data) + r * f * int64_t(dtype_size(dy.dtype)), dy.dtype,
+             row.data(), f, 1);
+#pragma omp simd
+      for (int64_t j = 0; j < f; ++j) acc[size_t(j)] += row[size_t(j)];
+    }
+    from_f32(acc.data(), db.data, db.dtype, f, 1);
+    return;
+  }
   dispatch_float(dy.dtype, [&](auto Y) {
     using E = decltype(Y);
     const auto* p = dy.as<typename E::storage>();
