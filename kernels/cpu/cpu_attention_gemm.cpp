@@ -1,5 +1,6 @@
 // CPU causal multi-head self-attention as tile GEMMs through oneDNN: the path CpuBackend takes
-// when oneDNN is its GEMM provider (cpu_attention.cpp's vector loops otherwise). Per (batch,
+// when oneDNN is its GEMM provider and runs bf16 natively (CpuOptions::attention;
+// cpu_attention.cpp's vector loops otherwise). Per (batch,
 // head) and query tile of kTile rows, keys 0 .. n-1 up to the tile's last query:
 //   forward   S = scale Q K^T [rows, n] (GEMM), P = softmax(S) row by row under the causal
 //             mask (fp32), O = P V (GEMM) straight into the output; lse saved per query.
@@ -92,21 +93,30 @@ void scatter(const void* src, int64_t t, int64_t hs, DType dt, void* dst, int64_
   for (int64_t i = 0; i < t; ++i) std::memcpy(at(dst, i * ld, dt), at(src, i * hs, dt), row);
 }
 
-// Runs fn(u, base, col) for every (sample, head) unit over `threads` threads with per-thread
-// state made by make(); oneDNN runs single-threaded inside (the thread's own ICV).
-template <typename Make, typename Fn>
-void for_each_unit(const AttentionDims& d, int threads, Make&& make, Fn&& fn) {
+// Runs fn(state, u, base, col) for every (sample, head) unit over `threads` threads, with
+// per-thread buffers `State` kept between calls (size(state) sizes them: no allocation per
+// step once sized); oneDNN runs single-threaded inside (the thread's own ICV).
+template <typename State, typename Size, typename Fn>
+void for_each_unit(const AttentionDims& d, int threads, Size&& size, Fn&& fn) {
   const int64_t units = d.b * d.heads;
 #pragma omp parallel num_threads(threads)
   {
     omp_set_num_threads(1);  // this thread's nested regions (oneDNN's) get one thread
-    auto state = make();
+    thread_local State state;
+    size(state);
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) fn(state, u, u / d.heads * d.t, u % d.heads * d.hs);
   }
 }
 
 }  // namespace
+
+bool CpuBackend::attention_as_gemms(const Tensor& a, const Tensor& b) {
+  using Path = CpuOptions::AttentionPath;
+  if (opts_.attention == Path::loops) return false;
+  if (opts_.attention == Path::gemm) return true;
+  return opts_.gemm == GemmProvider::onednn && attention_gemm_dtype(a, b) != DType::f32;
+}
 
 DType CpuBackend::attention_gemm_dtype(const Tensor& a, const Tensor& b) {
   if (a.dtype == b.dtype && (a.dtype == DType::f32 || native(a.dtype))) return a.dtype;
@@ -134,13 +144,11 @@ void CpuBackend::attention_forward_gemm(const AttentionDims& d, const Tensor& qk
     // the probabilities in `in`
     std::vector<float> q, k, v, o, s, p;
   };
-  auto make = [&] {
-    State st;
+  auto size = [&](State& st) {
     for (auto* b : {&st.q, &st.k, &st.v, &st.o}) b->resize(size_t(t * hs));
     for (auto* b : {&st.s, &st.p}) b->resize(size_t(kTile * t));
-    return st;
   };
-  for_each_unit(d, threads_, make, [&](State& st, int64_t u, int64_t base, int64_t col) {
+  for_each_unit<State>(d, threads_, size, [&](State& st, int64_t u, int64_t base, int64_t col) {
     gather(at(x, base * ldx + col, in), ldx, t, hs, in, st.q.data());
     gather(at(x, base * ldx + d.c + col, in), ldx, t, hs, in, st.k.data());
     gather(at(x, base * ldx + 2 * d.c + col, in), ldx, t, hs, in, st.v.data());
@@ -185,16 +193,14 @@ void CpuBackend::attention_backward_gemm(const AttentionDims& d, const Tensor& q
     // and dO in fp32
     std::vector<float> q, k, v, g, dq, dk, dv, s, dp, p, ds, delta, orow, grow;
   };
-  auto make = [&] {
-    State st;
+  auto size = [&](State& st) {
     for (auto* b : {&st.q, &st.k, &st.v, &st.g, &st.dq, &st.dk, &st.dv}) b->resize(size_t(t * hs));
     for (auto* b : {&st.s, &st.dp, &st.p, &st.ds}) b->resize(size_t(kTile * t));
     st.delta.resize(size_t(t));
     st.orow.resize(size_t(hs));
     st.grow.resize(size_t(hs));
-    return st;
   };
-  for_each_unit(d, threads_, make, [&](State& st, int64_t u, int64_t base, int64_t col) {
+  for_each_unit<State>(d, threads_, size, [&](State& st, int64_t u, int64_t base, int64_t col) {
     gather(at(x, base * ldx + col, in), ldx, t, hs, in, st.q.data());
     gather(at(x, base * ldx + d.c + col, in), ldx, t, hs, in, st.k.data());
     gather(at(x, base * ldx + 2 * d.c + col, in), ldx, t, hs, in, st.v.data());

@@ -346,14 +346,14 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   const int64_t n = in.numel();
   float* po = out.as<float>();
   int bad = 0;
-  if (in.dtype == DType::bf16) {  // bf16 widens by a shift: a loop that vectorises
-    const auto* pi = in.as<uint16_t>();
+  // fp32 and bf16 (which widens by a shift) in a loop that vectorises; the test of
+  // std::isfinite on the bits: inf or nan has all exponent bits set.
+  const auto scale_and_check = [&](auto load) {
     parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
       uint32_t any = 0;
 #pragma omp simd reduction(| : any)
       for (int64_t i = lo; i < hi; ++i) {
-        const float v = std::bit_cast<float>(uint32_t(pi[i]) << 16) * factor;
-        // inf or nan: all exponent bits set (the test of std::isfinite, on the bits)
+        const float v = load(i) * factor;
         any |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
         po[i] = v;
       }
@@ -363,6 +363,14 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
       }
     });
     return bad != 0;
+  };
+  if (in.dtype == DType::bf16) {
+    const auto* pi = in.as<uint16_t>();
+    return scale_and_check([pi](int64_t i) { return std::bit_cast<float>(uint32_t(pi[i]) << 16); });
+  }
+  if (in.dtype == DType::f32) {
+    const float* pi = in.as<float>();
+    return scale_and_check([pi](int64_t i) { return pi[i]; });
   }
   dispatch_float(in.dtype, [&](auto X) {
     using E = decltype(X);

@@ -22,6 +22,11 @@ struct CpuOptions {
   // 16-bit GEMMs and convolutions on the 16-bit inputs where oneDNN has kernels for them;
   // false: always widened to fp32 first (the reference path).
   bool native16 = true;
+  // Attention as oneDNN tile GEMMs (cpu_attention_gemm.cpp) or vector loops
+  // (cpu_attention.cpp). automatic: tile GEMMs when oneDNN is the GEMM provider and runs them
+  // on native 16-bit inputs (AMX); in fp32 the loops are as fast or faster, each oneDNN call
+  // costing more than a small tile's arithmetic.
+  enum class AttentionPath { automatic, gemm, loops } attention = AttentionPath::automatic;
   static CpuOptions from_env();
 };
 
@@ -118,6 +123,8 @@ class CpuBackend final : public Backend {
   // cpu_attention_gemm.cpp: attention as tile GEMMs through oneDNN (when it is the GEMM
   // provider), computing on the dtype attention_gemm_dtype gives for the GEMM inputs a, b.
   DType attention_gemm_dtype(const Tensor& a, const Tensor& b);
+  // Whether attention with GEMM inputs a and b runs as tile GEMMs (CpuOptions::attention).
+  bool attention_as_gemms(const Tensor& a, const Tensor& b);
   void attention_forward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse);
   void attention_backward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,

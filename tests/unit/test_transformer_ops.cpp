@@ -180,13 +180,14 @@ AttnRun run_attention(kernels::Backend& be, const AttnCase& c, DType t,
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 
-// Both CPU attention paths: oneDNN tile GEMMs and the vector loops (OpenBLAS as GEMM provider).
+// Both CPU attention paths, whatever this CPU's default: oneDNN tile GEMMs and vector loops.
 std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> both_paths(int threads) {
+  using Path = kernels::cpu::CpuOptions::AttentionPath;
   std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> v;
-  for (auto g : {kernels::cpu::GemmProvider::onednn, kernels::cpu::GemmProvider::openblas}) {
-    kernels::cpu::CpuOptions o;
-    o.gemm = g;
-    v.emplace_back(g == kernels::cpu::GemmProvider::onednn ? "oneDNN tile GEMMs" : "vector loops",
+  for (auto path : {Path::gemm, Path::loops}) {
+    kernels::cpu::CpuOptions o = kernels::cpu::CpuOptions::from_env();
+    o.attention = path;
+    v.emplace_back(path == Path::gemm ? "oneDNN tile GEMMs" : "vector loops",
                    std::make_unique<kernels::cpu::CpuBackend>(threads, o));
   }
   return v;
@@ -211,10 +212,12 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   const int64_t C = c.heads * c.hs;
   auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -1.f, 1.f, 21);
   const auto r = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 22);
-  auto be = backend();
-  const AttnRun run = run_attention(*be, c, DType::f32, qkv, r);
-  check_fd("dqkv", qkv, run.dqkv,
-           [&] { return weighted(run_attention(*be, c, DType::f32, qkv, r, false).out, r); });
+  for (auto& [path, be] : both_paths(1)) {
+    SCOPED_TRACE(path);
+    const AttnRun run = run_attention(*be, c, DType::f32, qkv, r);
+    check_fd("dqkv", qkv, run.dqkv,
+             [&] { return weighted(run_attention(*be, c, DType::f32, qkv, r, false).out, r); });
+  }
 }
 
 TEST_P(Attention, SixteenBitCloseToFp32) {
@@ -241,15 +244,18 @@ TEST_P(Attention, ThreadCountDoesNotChangeBits) {
   const int64_t C = c.heads * c.hs;
   const auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 41);
   const auto dout = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 42);
-  auto one = backend(1), two = backend(2);
-  const AttnRun a = run_attention(*one, c, DType::f32, qkv, dout);
-  const AttnRun b = run_attention(*two, c, DType::f32, qkv, dout);
-  // Again on 2 threads: heads computed concurrently must not share scratch memory.
-  const AttnRun b2 = run_attention(*two, c, DType::f32, qkv, dout);
-  EXPECT_EQ(b.out, b2.out) << "2 threads, second run";
-  EXPECT_EQ(b.dqkv, b2.dqkv) << "2 threads, second run";
-  EXPECT_EQ(a.out, b.out);
-  EXPECT_EQ(a.dqkv, b.dqkv);
+  auto ones = both_paths(1), twos = both_paths(2);
+  for (size_t k = 0; k < ones.size(); ++k) {
+    const std::string& path = ones[k].first;
+    const AttnRun a = run_attention(*ones[k].second, c, DType::f32, qkv, dout);
+    const AttnRun b = run_attention(*twos[k].second, c, DType::f32, qkv, dout);
+    // Again on 2 threads: heads computed concurrently must not share scratch memory.
+    const AttnRun b2 = run_attention(*twos[k].second, c, DType::f32, qkv, dout);
+    EXPECT_EQ(b.out, b2.out) << path << ", 2 threads, second run";
+    EXPECT_EQ(b.dqkv, b2.dqkv) << path << ", 2 threads, second run";
+    EXPECT_EQ(a.out, b.out) << path;
+    EXPECT_EQ(a.dqkv, b.dqkv) << path;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
