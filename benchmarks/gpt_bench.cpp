@@ -3,7 +3,8 @@
 // windows, one process per rank under mpirun, the gradient summed over the ranks with one
 // MPI allreduce per step (in the compute dtype, as the Trainer's reducer sends it) and
 // averaged. Each step: forward through the graph executor, the fused token cross-entropy,
-// backward, allreduce, AdamW on the fp32 masters (writing the 16-bit working copy). Rank 0
+// backward, allreduce, the fused average + non-finite check into fp32 (the Trainer's
+// unscale), AdamW on the fp32 masters (writing the 16-bit working copy). Rank 0
 // prints the median tokens/s (all ranks) over windows of --window steps after --warmup
 // steps, and with --json writes it as one JSON object.
 //
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +40,18 @@ struct Args {
   rt::DType precision = rt::DType::f32;
   std::string json;
 };
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// CPU time of this process (all threads) in seconds.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 int usage(const char* why) {
   std::fprintf(stderr,
@@ -125,42 +139,45 @@ int main(int argc, char** argv) {
       model->backward(ctx, d);
       rt::Tensor g = model->grad();
       comm.allreduce(g.data, g.numel(), g.dtype, rt::comm::ReduceOp::sum);
-      rt::Tensor g32 = g;
-      if (a.precision != rt::DType::f32) {
-        g32 = grad32.ensure({model->num_params()}, rt::DType::f32);
-        be->cast(g, g32);
-      }
-      be->scale(g32, 1.f / float(comm.size()));
+      // Averaged into fp32 with the non-finite check in one pass, as the Trainer's loss
+      // scaler does (launch/trainer.cpp, unscale_and_check).
+      rt::Tensor g32 = grad32.ensure({model->num_params()}, rt::DType::f32);
+      RT_REQUIRE(!be->unscale_check(g, 1.f / float(comm.size()), g32),
+                 "non-finite gradients at loss ", loss);
       opt->step(*be, model->master(), g32, a.precision == rt::DType::f32 ? nullptr : &work, oc.lr);
     };
     for (int64_t i = 0; i < a.warmup; ++i) step();
-    std::vector<double> rates;
+    std::vector<double> rates, cpu_ms;
     const double tokens_per_step = double(a.batch * a.seq * comm.size());
     for (int64_t w = 0; w < (a.steps - a.warmup) / a.window; ++w) {
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = cpu_seconds();
       for (int64_t i = 0; i < a.window; ++i) step();
       comm.barrier();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rates.push_back(tokens_per_step * double(a.window) / s);
+      cpu_ms.push_back((cpu_seconds() - c0) * 1e3 / double(a.window));
     }
-    std::vector<double> sorted = rates;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2
-                              ? sorted[sorted.size() / 2]
-                              : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+    const double median = median_of(rates);
     if (comm.rank() == 0) {
-      std::printf("ringtrain %s: %.1f tokens/s (%lld parameters, loss %.4f)\n",
-                  rt::dtype_name(a.precision), median, (long long)model->num_params(), loss);
+      // The CPU time per step of rank 0 (this process, all its threads) tells the step's cost
+      // apart from time lost to other jobs on a shared machine.
+      std::printf(
+          "ringtrain %s: %.1f tokens/s (%lld parameters, loss %.4f; rank 0: %.1f ms CPU time "
+          "per step)\n",
+          rt::dtype_name(a.precision), median, (long long)model->num_params(), loss,
+          median_of(cpu_ms));
       if (!a.json.empty()) {
         FILE* f = std::fopen(a.json.c_str(), "w");
         RT_REQUIRE(f, "--json ", a.json, ": cannot open for writing");
         std::fprintf(f,
                      "{\"framework\":\"ringtrain\",\"precision\":\"%s\",\"ranks\":%d,"
                      "\"threads\":%d,\"batch_size\":%lld,\"seq_len\":%lld,\"params\":%lld,"
-                     "\"tokens_per_sec\":%.3f,\"loss\":%.6f}\n",
+                     "\"tokens_per_sec\":%.3f,\"loss\":%.6f,\"cpu_ms_per_step\":%.3f}\n",
                      rt::dtype_name(a.precision), comm.size(), a.threads, (long long)a.batch,
-                     (long long)a.seq, (long long)model->num_params(), median, loss);
+                     (long long)a.seq, (long long)model->num_params(), median, loss,
+                     median_of(cpu_ms));
         std::fclose(f);
       }
     }

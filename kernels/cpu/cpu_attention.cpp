@@ -1,11 +1,12 @@
-// CPU causal multi-head self-attention, blocked as FlashAttention: per (batch, head), query
-// tiles of kTile rows against key tiles of kTile columns up to the diagonal, an online
-// softmax (running maximum and sum per query), so at most one tile row of scores exists at a
-// time and never the T x T matrix. Forward saves each query's log-sum-exp; backward recomputes
-// the probabilities from it. One (batch, head) per thread: each output element is written by
-// one thread in a fixed order (deterministic for any thread count). The head's q, k, v are
-// widened to fp32 once; k and v are also kept transposed so that a query's scores over a key
-// tile are a run of contiguous multiply-adds (vectorised over the tile's keys).
+// CPU causal multi-head self-attention in vector loops (cpu_attention_gemm.cpp runs it as
+// oneDNN tile GEMMs where CpuOptions::attention says: bf16 on AMX), blocked as
+// FlashAttention: per (batch, head), query tiles of kTile rows against key tiles of kTile columns
+// up to the diagonal, an online softmax (running maximum and sum per query), so at most one tile
+// row of scores exists at a time and never the T x T matrix. Forward saves each query's
+// log-sum-exp; backward recomputes the probabilities from it. One (batch, head) per thread: each
+// output element is written by one thread in a fixed order (deterministic for any thread count).
+// The head's q, k, v are widened to fp32 once; k and v are also kept transposed so that a query's
+// scores over a key tile are a run of contiguous multiply-adds (vectorised over the tile's keys).
 #include <omp.h>
 
 #include <algorithm>
@@ -281,6 +282,7 @@ void for_each_head(const AttentionDims& d, const Tensor& qkv, int threads, Fn&& 
 void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                    const Tensor& lse) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
+  if (attention_as_gemms(qkv, qkv)) return attention_forward_gemm(d, qkv, out, lse);
   const float scale = 1.f / std::sqrt(float(d.hs));
   const bool avx512 = use_avx512();
   for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {
@@ -299,6 +301,7 @@ void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tens
   RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention gradients ",
            shape_str(dout.shape), " and ", shape_str(dqkv.shape), " do not match ",
            shape_str(out.shape), " and ", shape_str(qkv.shape));
+  if (attention_as_gemms(qkv, dout)) return attention_backward_gemm(d, qkv, out, dout, lse, dqkv);
   const float scale = 1.f / std::sqrt(float(d.hs));
   const bool avx512 = use_avx512();
   for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {

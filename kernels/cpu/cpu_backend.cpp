@@ -191,6 +191,24 @@ void CpuBackend::bias_add(const Tensor& y, const Tensor& bias, Activation act) {
   RT_CHECK(bias.numel() == f, "bias of ", bias.numel(), " for rows of ", f);
   const float* pb = as_f32(bias, scratch_b_);
   const bool relu = act == Activation::relu;
+  if (y.dtype != DType::f32) {  // 16-bit rows widened, added and rounded by the vector casts
+#pragma omp parallel num_threads(threads_) if (y.numel() >= kParallelMin)
+    {
+      std::vector<float> row(static_cast<size_t>(f));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        char* py = static_cast<char*>(y.data) + r * f * int64_t(dtype_size(y.dtype));
+        to_f32(py, y.dtype, row.data(), f, 1);
+#pragma omp simd
+        for (int64_t j = 0; j < f; ++j) {
+          const float v = row[size_t(j)] + pb[j];
+          row[size_t(j)] = relu && v < 0.f ? 0.f : v;  // nan stays nan
+        }
+        from_f32(row.data(), py, y.dtype, f, 1);
+      }
+    }
+    return;
+  }
   dispatch_float(y.dtype, [&](auto Y) {
     using E = decltype(Y);
     auto* py = y.as<typename E::storage>();
@@ -207,6 +225,17 @@ void CpuBackend::bias_grad(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.dim(0), f = dy.numel() / rows;
   RT_CHECK(db.numel() == f, "bias gradient of ", db.numel(), " for rows of ", f);
   std::vector<float> acc(static_cast<size_t>(f), 0.f);
+  if (dy.dtype != DType::f32) {  // 16-bit rows widened by the vector casts, summed in order
+    std::vector<float> row(static_cast<size_t>(f));
+    for (int64_t r = 0; r < rows; ++r) {
+      to_f32(static_cast<const char*>(dy.data) + r * f * int64_t(dtype_size(dy.dtype)), dy.dtype,
+             row.data(), f, 1);
+#pragma omp simd
+      for (int64_t j = 0; j < f; ++j) acc[size_t(j)] += row[size_t(j)];
+    }
+    from_f32(acc.data(), db.data, db.dtype, f, 1);
+    return;
+  }
   dispatch_float(dy.dtype, [&](auto Y) {
     using E = decltype(Y);
     const auto* p = dy.as<typename E::storage>();
@@ -318,14 +347,14 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   const int64_t n = in.numel();
   float* po = out.as<float>();
   int bad = 0;
-  if (in.dtype == DType::bf16) {  // bf16 widens by a shift: a loop that vectorises
-    const auto* pi = in.as<uint16_t>();
+  // fp32 and bf16 (which widens by a shift) in a loop that vectorises; the test of
+  // std::isfinite on the bits: inf or nan has all exponent bits set.
+  const auto scale_and_check = [&](auto load) {
     parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
       uint32_t any = 0;
 #pragma omp simd reduction(| : any)
       for (int64_t i = lo; i < hi; ++i) {
-        const float v = std::bit_cast<float>(uint32_t(pi[i]) << 16) * factor;
-        // inf or nan: all exponent bits set (the test of std::isfinite, on the bits)
+        const float v = load(i) * factor;
         any |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
         po[i] = v;
       }
@@ -335,6 +364,14 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
       }
     });
     return bad != 0;
+  };
+  if (in.dtype == DType::bf16) {
+    const auto* pi = in.as<uint16_t>();
+    return scale_and_check([pi](int64_t i) { return std::bit_cast<float>(uint32_t(pi[i]) << 16); });
+  }
+  if (in.dtype == DType::f32) {
+    const float* pi = in.as<float>();
+    return scale_and_check([pi](int64_t i) { return pi[i]; });
   }
   dispatch_float(in.dtype, [&](auto X) {
     using E = decltype(X);

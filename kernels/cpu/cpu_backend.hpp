@@ -27,6 +27,11 @@ struct CpuOptions {
   bool blocked_layout = true;
   // oneDNN's Winograd convolution for 3x3 stride-1 fp32 layers of 16+ channels (else direct).
   bool conv_winograd = true;
+  // Attention as oneDNN tile GEMMs (cpu_attention_gemm.cpp) or vector loops
+  // (cpu_attention.cpp). automatic: tile GEMMs when oneDNN is the GEMM provider and runs them
+  // on native 16-bit inputs (AMX); in fp32 the loops are as fast or faster, each oneDNN call
+  // costing more than a small tile's arithmetic.
+  enum class AttentionPath { automatic, gemm, loops } attention = AttentionPath::automatic;
   static CpuOptions from_env();
 };
 
@@ -126,6 +131,15 @@ class CpuBackend final : public Backend {
   // a as `want` (itself, or converted into scratch).
   const void* as_dtype(const Tensor& t, DType want, std::vector<float>& scratch);
   OneDnnMatmul& matmul();
+  // cpu_attention_gemm.cpp: attention as tile GEMMs through oneDNN (when it is the GEMM
+  // provider), computing on the dtype attention_gemm_dtype gives for the GEMM inputs a, b.
+  DType attention_gemm_dtype(const Tensor& a, const Tensor& b);
+  // Whether attention with GEMM inputs a and b runs as tile GEMMs (CpuOptions::attention).
+  bool attention_as_gemms(const Tensor& a, const Tensor& b);
+  void attention_forward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse);
+  void attention_backward_gemm(const AttentionDims& d, const Tensor& qkv, const Tensor& out,
+                               const Tensor& dout, const Tensor& lse, const Tensor& dqkv);
 
   CpuOptions opts_;
   int threads_ = 1;

@@ -160,6 +160,25 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   RT_CHECK(a.numel() == b.numel() && b.numel() == y.numel(), "add of ", a.numel(), " and ",
            b.numel(), " elements into ", y.numel());
   const int64_t n = a.numel();
+  if (a.dtype != DType::f32 || b.dtype != DType::f32 || y.dtype != DType::f32) {
+    // 16-bit operands widened and the sums rounded by the vector casts, a block at a time.
+    constexpr int64_t kBlock = 1024;
+    const auto elem = [](const Tensor& t, int64_t i) {
+      return static_cast<char*>(t.data) + i * int64_t(dtype_size(t.dtype));
+    };
+    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
+      float ab[kBlock], bb[kBlock];
+      for (int64_t i = lo; i < hi; i += kBlock) {
+        const int64_t m = std::min(kBlock, hi - i);
+        to_f32(elem(a, i), a.dtype, ab, m, 1);
+        to_f32(elem(b, i), b.dtype, bb, m, 1);
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) ab[j] += bb[j];
+        from_f32(ab, elem(y, i), y.dtype, m, 1);
+      }
+    });
+    return;
+  }
   dispatch_float(a.dtype, [&](auto A) {
     using EA = decltype(A);
     dispatch_float(b.dtype, [&](auto B) {

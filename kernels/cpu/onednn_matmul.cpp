@@ -1,9 +1,13 @@
-// oneDNN matmul with a per-shape primitive cache (see onednn_matmul.hpp).
+// oneDNN matmul with a per-shape primitive cache (see onednn_matmul.hpp). The cache is
+// guarded by a mutex and each thread executes on its own stream with its own scratch memory,
+// so that the attention kernel's threads can share one OneDnnMatmul.
 #include "kernels/cpu/onednn_matmul.hpp"
 
 #include <map>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <vector>
 
 #include "core/error.hpp"
 #include "kernels/cpu/onednn_util.hpp"
@@ -39,30 +43,31 @@ const char* isa_str(dnnl::cpu_isa isa) {
   return "other";
 }
 
+// trans_a, trans_b, m, n, k, in, out, alpha, beta
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, DType, DType, float, float>;
+
+// One CPU engine for the process, created on first use and never destroyed.
+dnnl::engine& cpu_engine() {
+  static auto* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *e;
+}
 
 }  // namespace
 
 struct OneDnnMatmul::Impl {
-  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream strm{eng};
+  dnnl::engine& eng = cpu_engine();
   struct Entry {
     dnnl::matmul prim;
-    memory::desc a, b, c;
+    memory::desc a, b, c, scratch;
   };
   std::map<Key, Entry> cache;
   std::map<std::pair<DType, DType>, std::string> probed;  // (in, out) -> implementation
 
-  // Row-major x[rows, cols] as oneDNN sees op(x): transposition is a swap of the strides.
-  static memory::desc desc(int64_t rows, int64_t cols, bool trans, DType t) {
-    const memory::dims dims{rows, cols};
-    const memory::dims strides = trans ? memory::dims{1, rows} : memory::dims{cols, 1};
-    return memory::desc(dims, dnnl_type(t, "oneDNN matmul"), strides);
-  }
-
   dnnl::matmul::primitive_desc make_pd(const memory::desc& a, const memory::desc& b,
                                        const memory::desc& c, float alpha, float beta) {
     dnnl::primitive_attr attr;
+    // Scratch memory passed per call from the calling thread (concurrent calls never share it).
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (alpha != 1.f) attr.set_output_scales(0, {alpha});
     if (beta != 0.f) {
       dnnl::post_ops ops;
@@ -72,7 +77,17 @@ struct OneDnnMatmul::Impl {
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng);
   }
 
+  std::mutex mu;  // guards cache
+
+  // Row-major x[rows, cols] as oneDNN sees op(x): transposition is a swap of the strides.
+  static memory::desc desc(int64_t rows, int64_t cols, bool trans, DType t) {
+    const memory::dims dims{rows, cols};
+    const memory::dims strides = trans ? memory::dims{1, rows} : memory::dims{cols, 1};
+    return memory::desc(dims, dnnl_type(t, "oneDNN matmul"), strides);
+  }
+
   Entry& get(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     const auto& [ta, tb, m, n, k, in, out, alpha, beta] = key;
@@ -80,8 +95,25 @@ struct OneDnnMatmul::Impl {
     e.a = desc(m, k, ta, in);
     e.b = desc(k, n, tb, in);
     e.c = desc(m, n, false, out);
-    e.prim = dnnl::matmul(make_pd(e.a, e.b, e.c, alpha, beta));
-    return cache.emplace(key, std::move(e)).first->second;
+    const auto pd = make_pd(e.a, e.b, e.c, alpha, beta);
+    e.scratch = pd.scratchpad_desc();
+    e.prim = dnnl::matmul(pd);
+    return cache.emplace(key, std::move(e)).first->second;  // std::map: references stay valid
+  }
+
+  // The calling thread's stream on the process's CPU engine (a stream is not shared between
+  // threads; the engine outlives every stream).
+  static dnnl::stream& thread_stream() {
+    thread_local dnnl::stream s{cpu_engine()};
+    return s;
+  }
+
+  // The calling thread's scratch memory, grown to at least `bytes` (64-byte aligned).
+  static void* thread_scratch(size_t bytes) {
+    thread_local std::vector<char> buf;
+    if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+    const auto p = reinterpret_cast<uintptr_t>(buf.data());
+    return buf.data() + ((64 - p % 64) % 64);
   }
 
   std::string probe(DType in, DType out) {
@@ -115,9 +147,12 @@ void OneDnnMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   auto& im = *impl_;
   auto& e = im.get({trans_a, trans_b, m, n, k, in, out, alpha, beta});
   memory ma(e.a, im.eng, const_cast<void*>(a)), mb(e.b, im.eng, const_cast<void*>(b)),
-      mc(e.c, im.eng, c);
-  e.prim.execute(im.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-  im.strm.wait();
+      mc(e.c, im.eng, c), ms(e.scratch, im.eng, im.thread_scratch(e.scratch.get_size()));
+  dnnl::stream& strm = im.thread_stream();
+  e.prim.execute(
+      strm,
+      {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+  strm.wait();
 }
 
 std::string onednn_description() {

@@ -6,7 +6,9 @@
 //    earlier losses send no gradient to future tokens;
 //  - every op's backward against central finite differences in fp32;
 //  - fp16/bf16 inputs against fp32 on the same (rounded) inputs;
-//  - 1 and 2 threads give bitwise identical results (the kernels sum in a fixed order).
+//  - 1 and 2 threads give bitwise identical results (the kernels sum in a fixed order), and
+//    two runs on 2 threads too;
+//  - attention on both CPU paths: oneDNN tile GEMMs and the vector loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,17 +180,31 @@ AttnRun run_attention(kernels::Backend& be, const AttnCase& c, DType t,
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 
+// Both CPU attention paths, whatever this CPU's default: oneDNN tile GEMMs and vector loops.
+std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> both_paths(int threads) {
+  using Path = kernels::cpu::CpuOptions::AttentionPath;
+  std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> v;
+  for (auto path : {Path::gemm, Path::loops}) {
+    kernels::cpu::CpuOptions o = kernels::cpu::CpuOptions::from_env();
+    o.attention = path;
+    v.emplace_back(path == Path::gemm ? "oneDNN tile GEMMs" : "vector loops",
+                   std::make_unique<kernels::cpu::CpuBackend>(threads, o));
+  }
+  return v;
+}
+
 TEST_P(Attention, MatchesNaiveReferenceInFp32) {
   const AttnCase c = GetParam();
   const int64_t C = c.heads * c.hs;
   const auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 11);
   const auto dout = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 12);
-  auto be = backend();
-  const AttnRun r = run_attention(*be, c, DType::f32, qkv, dout);
   const NaiveAttention ref = naive_attention(c, qkv, dout);
-  EXPECT_LE(rel_err_d(r.out, ref.out), 2e-6) << "output";
-  EXPECT_LE(rel_err_d(r.lse, ref.lse), 2e-6) << "log-sum-exp";
-  EXPECT_LE(rel_err_d(r.dqkv, ref.dqkv), 1e-5) << "dqkv";
+  for (auto& [path, be] : both_paths(1)) {
+    const AttnRun r = run_attention(*be, c, DType::f32, qkv, dout);
+    EXPECT_LE(rel_err_d(r.out, ref.out), 2e-6) << path << " output";
+    EXPECT_LE(rel_err_d(r.lse, ref.lse), 2e-6) << path << " log-sum-exp";
+    EXPECT_LE(rel_err_d(r.dqkv, ref.dqkv), 1e-5) << path << " dqkv";
+  }
 }
 
 TEST_P(Attention, BackwardMatchesFiniteDifferences) {
@@ -196,27 +212,31 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   const int64_t C = c.heads * c.hs;
   auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -1.f, 1.f, 21);
   const auto r = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 22);
-  auto be = backend();
-  const AttnRun run = run_attention(*be, c, DType::f32, qkv, r);
-  check_fd("dqkv", qkv, run.dqkv,
-           [&] { return weighted(run_attention(*be, c, DType::f32, qkv, r, false).out, r); });
+  for (auto& [path, be] : both_paths(1)) {
+    SCOPED_TRACE(path);
+    const AttnRun run = run_attention(*be, c, DType::f32, qkv, r);
+    check_fd("dqkv", qkv, run.dqkv,
+             [&] { return weighted(run_attention(*be, c, DType::f32, qkv, r, false).out, r); });
+  }
 }
 
 TEST_P(Attention, SixteenBitCloseToFp32) {
   const AttnCase c = GetParam();
   const int64_t C = c.heads * c.hs;
-  auto be = backend();
-  for (DType t : {DType::bf16, DType::f16}) {
-    const auto qkv = rounded(uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 31), t);
-    const auto dout = rounded(uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 32), t);
-    const AttnRun ref = run_attention(*be, c, DType::f32, qkv, dout);
-    const AttnRun got = run_attention(*be, c, t, qkv, dout);
-    // One rounding of each result, plus the rounded output feeding backward's delta term.
-    const double tol = t == DType::bf16 ? 1.6e-2 : 2e-3;
-    EXPECT_LE(rel_err(got.out, ref.out), tol) << dtype_name(t) << " output";
-    EXPECT_LE(rel_err(got.lse, ref.lse), 1e-6) << dtype_name(t) << " lse (fp32 statistics)";
-    EXPECT_LE(rel_err(got.dqkv, ref.dqkv), 2 * tol) << dtype_name(t) << " dqkv";
-  }
+  for (auto& [path, be] : both_paths(1))
+    for (DType t : {DType::bf16, DType::f16}) {
+      const auto qkv = rounded(uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 31), t);
+      const auto dout = rounded(uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 32), t);
+      const AttnRun ref = run_attention(*be, c, DType::f32, qkv, dout);
+      const AttnRun got = run_attention(*be, c, t, qkv, dout);
+      // One rounding of each result, plus the rounded output feeding backward's delta term
+      // (and, where the GEMMs run natively on 16-bit inputs, the rounded P and dS).
+      const double tol = t == DType::bf16 ? 1.6e-2 : 2e-3;
+      EXPECT_LE(rel_err(got.out, ref.out), tol) << path << " " << dtype_name(t) << " output";
+      EXPECT_LE(rel_err(got.lse, ref.lse), 1e-6)
+          << path << " " << dtype_name(t) << " lse (fp32 statistics)";
+      EXPECT_LE(rel_err(got.dqkv, ref.dqkv), 2 * tol) << path << " " << dtype_name(t) << " dqkv";
+    }
 }
 
 TEST_P(Attention, ThreadCountDoesNotChangeBits) {
@@ -224,11 +244,18 @@ TEST_P(Attention, ThreadCountDoesNotChangeBits) {
   const int64_t C = c.heads * c.hs;
   const auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 41);
   const auto dout = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 42);
-  auto one = backend(1), two = backend(2);
-  const AttnRun a = run_attention(*one, c, DType::f32, qkv, dout);
-  const AttnRun b = run_attention(*two, c, DType::f32, qkv, dout);
-  EXPECT_EQ(a.out, b.out);
-  EXPECT_EQ(a.dqkv, b.dqkv);
+  auto ones = both_paths(1), twos = both_paths(2);
+  for (size_t k = 0; k < ones.size(); ++k) {
+    const std::string& path = ones[k].first;
+    const AttnRun a = run_attention(*ones[k].second, c, DType::f32, qkv, dout);
+    const AttnRun b = run_attention(*twos[k].second, c, DType::f32, qkv, dout);
+    // Again on 2 threads: heads computed concurrently must not share scratch memory.
+    const AttnRun b2 = run_attention(*twos[k].second, c, DType::f32, qkv, dout);
+    EXPECT_EQ(b.out, b2.out) << path << ", 2 threads, second run";
+    EXPECT_EQ(b.dqkv, b2.dqkv) << path << ", 2 threads, second run";
+    EXPECT_EQ(a.out, b.out) << path;
+    EXPECT_EQ(a.dqkv, b.dqkv) << path;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
