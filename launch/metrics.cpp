@@ -69,7 +69,10 @@ JsonLine& JsonLine::add(const std::string& k, const JsonLine& object) {
 JsonLine& JsonLine::add(const std::string& k, const std::vector<JsonLine>& objects) {
   key(k);
   body_ += "[";
-  for (size_t i = 0; i < objects.size(); ++i) body_ += (i ? "," : "") + objects[i].str();
+  for (size_t i = 0; i < objects.size(); ++i) {
+    if (i) body_ += ',';
+    body_ += objects[i].str();
+  }
   body_ += "]";
   return *this;
 }

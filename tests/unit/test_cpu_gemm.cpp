@@ -408,7 +408,9 @@ TEST(WidenedConv, ConversionInTheReorderEqualsWideningFirst) {
                                 c.bias_relu ? &db16.view : nullptr);
       be.conv2d_backward_filter(cs, x32, dy32, dw32.view, c.bias_relu ? &db32.view : nullptr);
       EXPECT_EQ(copy_of(dw16.view), copy_of(dw32.view)) << "dW";
-      if (c.bias_relu) EXPECT_EQ(copy_of(db16.view), copy_of(db32.view)) << "db";
+      if (c.bias_relu) {
+        EXPECT_EQ(copy_of(db16.view), copy_of(db32.view)) << "db";
+      }
     }
   }
 }
@@ -443,7 +445,9 @@ TEST(CombinedConvBackward, EqualsTheSeparatePasses) {
         be.conv2d_backward_data(cs, in(dy, ys), in(w, ws), dx2.view);
         EXPECT_EQ(copy_of(dx1.view), copy_of(dx2.view)) << "dx";
         EXPECT_EQ(copy_of(dw1.view), copy_of(dw2.view)) << "dW";
-        if (c.bias_relu) EXPECT_EQ(copy_of(db1.view), copy_of(db2.view)) << "db";
+        if (c.bias_relu) {
+          EXPECT_EQ(copy_of(db1.view), copy_of(db2.view)) << "db";
+        }
       }
     }
   }
