@@ -82,8 +82,10 @@ JsonLine& JsonLine::add(const std::string& k, const std::vector<std::vector<int6
   body_ += "[";
   for (size_t i = 0; i < rows.size(); ++i) {
     body_ += i ? ",[" : "[";
-    for (size_t j = 0; j < rows[i].size(); ++j)
-      body_ += (j ? "," : "") + std::to_string(rows[i][j]);
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      if (j) body_ += ',';
+      body_ += std::to_string(rows[i][j]);
+    }
     body_ += "]";
   }
   body_ += "]";
