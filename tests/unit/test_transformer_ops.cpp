@@ -89,8 +89,7 @@ struct AttnCase {
   int64_t b, t, heads, hs;
 };
 std::string name_of(const AttnCase& c) {
-  return "B" + std::to_string(c.b) + "_T" + std::to_string(c.t) + "_H" + std::to_string(c.heads) +
-         "_hs" + std::to_string(c.hs);
+  return cat("B", c.b, "_T", c.t, "_H", c.heads, "_hs", c.hs);
 }
 
 // Naive causal attention in double: out, lse, and dqkv for dout.
