@@ -262,7 +262,23 @@ TEST(FusedActivation, ConvReluEqualsSeparateLayers) {
   EXPECT_EQ(copy_of(fused.model->grad()), copy_of(plain.model->grad()));
 }
 
-// conv + fused ReLU + max pooling with the ReLU's gradient applied by the pooling (as the
+// Backward of the fused and the separate-layer model from the same dy: the first layer's
+// input gradient (n values) and the parameter gradients are bitwise equal.
+void expect_same_backward(Context& ctx, Model& fused, Model& plain, const Tensor& dy, size_t n) {
+  std::vector<float> dxf, dxp;
+  LayerHooks fused_hooks, plain_hooks;
+  fused_hooks.after_backward = [&](size_t l, const Tensor& g) {
+    if (l == 0) dxf = copy_of(g);
+  };
+  plain_hooks.after_backward = [&](size_t l, const Tensor& g) {
+    if (l == 0) dxp = copy_of(g);
+  };
+  fused.backward(ctx, dy, fused_hooks);
+  plain.backward(ctx, dy, plain_hooks);
+  ASSERT_EQ(dxf.size(), n);
+  EXPECT_EQ(dxf, dxp);
+  EXPECT_EQ(copy_of(fused.grad()), copy_of(plain.grad()));
+}
 
 // conv + fused ReLU read by a second convolution, which applies the ReLU's gradient to its dx
 // in place (as the cnn builds it), equals conv, ReLU and conv as three layers, forward and
@@ -288,21 +304,10 @@ TEST(FusedActivation, ReluGradientInNextConvEqualsSeparateLayers) {
   const auto yf = copy_of(fused->forward(ctx, x)), yp = copy_of(plain->forward(ctx, x));
   ASSERT_EQ(yf, yp);
   auto r = uniform_floats(yf.size(), -1.f, 1.f, 15);
-  Tensor dy(r.data(), {2, 4, 5, 5}, DType::f32);
-  std::vector<float> dxf, dxp;
-  LayerHooks fused_hooks, plain_hooks;
-  fused_hooks.after_backward = [&](size_t l, const Tensor& g) {
-    if (l == 0) dxf = copy_of(g);
-  };
-  plain_hooks.after_backward = [&](size_t l, const Tensor& g) {
-    if (l == 0) dxp = copy_of(g);
-  };
-  fused->backward(ctx, dy, fused_hooks);
-  plain->backward(ctx, dy, plain_hooks);
-  ASSERT_EQ(dxf.size(), xv.size());
-  EXPECT_EQ(dxf, dxp);
-  EXPECT_EQ(copy_of(fused->grad()), copy_of(plain->grad()));
+  expect_same_backward(ctx, *fused, *plain, Tensor(r.data(), {2, 4, 5, 5}, DType::f32), xv.size());
 }
+
+// conv + fused ReLU + max pooling with the ReLU's gradient applied by the pooling (as the
 // cnn builds it) equals conv, ReLU and pooling as three layers, forward and backward.
 TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
   auto be = kernels::make_cpu_backend(1);
@@ -334,20 +339,7 @@ TEST(FusedActivation, ReluGradientInPoolingEqualsSeparateLayers) {
   for (float v : yf) zero_windows += v == 0.f;
   EXPECT_GT(zero_windows, 0) << "the test needs windows whose maximum is 0";
   auto r = uniform_floats(yf.size(), -1.f, 1.f, 13);
-  Tensor dy(r.data(), {2, 3, 3, 3}, DType::f32);
-  std::vector<float> dxf, dxp;
-  LayerHooks fused_hooks, plain_hooks;
-  fused_hooks.after_backward = [&](size_t l, const Tensor& g) {
-    if (l == 0) dxf = copy_of(g);
-  };
-  plain_hooks.after_backward = [&](size_t l, const Tensor& g) {
-    if (l == 0) dxp = copy_of(g);
-  };
-  fused->backward(ctx, dy, fused_hooks);
-  plain->backward(ctx, dy, plain_hooks);
-  ASSERT_EQ(dxf.size(), xv.size());
-  EXPECT_EQ(dxf, dxp);
-  EXPECT_EQ(copy_of(fused->grad()), copy_of(plain->grad()));
+  expect_same_backward(ctx, *fused, *plain, Tensor(r.data(), {2, 3, 3, 3}, DType::f32), xv.size());
 }
 
 TEST(DropoutMask, RateDeterminismAndStreams) {
