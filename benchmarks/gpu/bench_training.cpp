@@ -105,16 +105,9 @@ TrainRow bench_train(kernels::Backend& be, const ModelSpec& spec, int64_t batch,
     total += std::chrono::duration<double>(t2 - t0).count();
     opt_total += std::chrono::duration<double>(t2 - t1).count();
   }
-  TrainRow r{
-      spec.name + (spec.name == "mlp" && !spec.hidden.empty() ? "-" + std::to_string(spec.hidden[0])
-                                                              : std::string()),
-      dtype_name(precision),
-      batch,
-      model->num_params(),
-      0,
-      0,
-      0,
-      0};
+  std::string row_name = spec.name;
+  if (spec.name == "mlp" && !spec.hidden.empty()) row_name += cat("-", spec.hidden[0]);
+  TrainRow r{row_name, dtype_name(precision), batch, model->num_params(), 0, 0, 0, 0};
   const double step_s = total / steps;
   r.step_ms = step_s * 1e3;
   r.samples_per_s = double(batch) / step_s;
