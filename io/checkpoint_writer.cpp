@@ -145,8 +145,7 @@ class Writer {
 
  private:
   // Creates name with `shape`, chunked by chunk_rows along the first dimension, Fletcher32,
-  // and writes rows [lo, hi) of it from t.data (which views the whole dataset).
-  // Creates name with `shape`, chunked by chunk_rows along the first dimension, Fletcher32.
+  // its chunks allocated (and filled by HDF5) at creation when chunks are written directly.
   H5Id create(hid_t loc, const std::string& name, DType dtype, const Shape& shape,
               hsize_t chunk_rows) const {
     std::vector<hsize_t> dims(shape.begin(), shape.end());
@@ -158,38 +157,32 @@ class Writer {
       H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
       H5_CHECK(H5Pset_fletcher32(dcpl));
       H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+      if (direct_) H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
     }
     return H5Id(H5_CHECK(
         H5Dcreate2(loc, name.c_str(), h5_type(dtype), fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   }
 
+  // Creates name with `shape` (see create) and writes rows [lo, hi) of it from t.data (which
+  // views the whole dataset).
   void write(hid_t loc, const std::string& name, const Tensor& t, const Shape& shape,
              hsize_t chunk_rows, hsize_t lo, hsize_t hi) {
+    H5Id ds = create(loc, name, t.dtype, shape, chunk_rows);
+    if (shape_numel(shape) == 0) return;
     std::vector<hsize_t> dims(shape.begin(), shape.end());
-    H5Id fspace(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)));
-    H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
-    std::vector<hsize_t> chunk = dims;
-    chunk[0] = std::max<hsize_t>(1, std::min(chunk_rows, dims[0]));
-    const bool empty_dataset = shape_numel(shape) == 0;
-    if (!empty_dataset) {
-      H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
-      H5_CHECK(H5Pset_fletcher32(dcpl));
-      H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
-      if (direct_) H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
-    }
-    H5Id ds(H5_CHECK(
-        H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
-    if (empty_dataset) return;
     if (direct_) {
-      const std::vector<haddr_t> addr = chunk_addresses(ds, dims, chunk_rows, t.dtype);
+      const size_t row_bytes = t.bytes() / dims[0];
+      const std::vector<haddr_t> addr =
+          chunk_addresses(ds, dims, chunk_rows, chunk_rows * row_bytes + 4);
       if (!addr.empty()) {
         // HDF5 filled every chunk when it allocated them (it always does for a filtered
         // dataset, each rank writing some chunks' fill); only after every rank's share of
         // that has been written may a rank overwrite its chunks with the data.
         if (comm_ != MPI_COMM_NULL) MPI_Barrier(comm_);
-        return write_chunks(name, t, dims, chunk_rows, lo, hi, addr);
+        return write_chunks(name, t, dims[0], chunk_rows, row_bytes, lo, hi, addr);
       }
     }
+    H5Id fspace(H5_CHECK(H5Dget_space(ds)));
     std::vector<hsize_t> start(dims.size(), 0), count = dims;
     start[0] = lo;
     count[0] = hi - lo;
@@ -206,17 +199,13 @@ class Writer {
     H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), mspace, fspace, dxpl_, t.data));
   }
 
-  // The file address of every chunk of ds, when HDF5 allocated each at exactly its data's
-  // bytes + 4 (the Fletcher32); else empty. Every rank looks up every chunk in the same
-  // order (collective metadata reads) and so gets the same answer.
+  // The file address of every chunk of ds (chunk_rows rows each), when HDF5
+  // allocated each at `stored` bytes (the data's and 4 of Fletcher32); else empty. Every rank
+  // looks up every chunk in the same order (collective metadata reads) and so gets the same
+  // answer.
   static std::vector<haddr_t> chunk_addresses(hid_t ds, const std::vector<hsize_t>& dims,
-                                              hsize_t chunk_rows, DType dtype) {
-    const hsize_t rows = dims[0];
-    const hsize_t nchunks = (rows + chunk_rows - 1) / chunk_rows;
-    const hsize_t stored =
-        chunk_rows * hsize_t(shape_numel(Shape(dims.begin(), dims.end())) / int64_t(rows)) *
-            dtype_size(dtype) +
-        4;
+                                              hsize_t chunk_rows, hsize_t stored) {
+    const hsize_t nchunks = (dims[0] + chunk_rows - 1) / chunk_rows;
     std::vector<haddr_t> addr(nchunks);
     std::vector<hsize_t> offset(dims.size(), 0);
     for (hsize_t c = 0; c < nchunks; ++c) {
@@ -235,17 +224,15 @@ class Writer {
   // Rows [lo, hi) of t, whole chunks, each stored at addr[chunk] as data + Fletcher32
   // (little-endian, as HDF5's filter appends it). A last chunk with fewer rows is stored
   // whole, its missing rows as zeros.
-  void write_chunks(const std::string& name, const Tensor& t, const std::vector<hsize_t>& dims,
-                    hsize_t chunk_rows, hsize_t lo, hsize_t hi, const std::vector<haddr_t>& addr) {
-    const hsize_t row_bytes = t.bytes() / dims[0];
-    const size_t chunk_bytes = size_t(chunk_rows * row_bytes);
-    RT_CHECK(lo % chunk_rows == 0 && (hi % chunk_rows == 0 || hi == dims[0]),
-             "checkpoint dataset '", name, "': rows [", lo, ", ", hi, ") are not whole chunks of ",
-             chunk_rows);
+  void write_chunks(const std::string& name, const Tensor& t, hsize_t rows, hsize_t chunk_rows,
+                    size_t row_bytes, hsize_t lo, hsize_t hi, const std::vector<haddr_t>& addr) {
+    const size_t chunk_bytes = size_t(chunk_rows) * row_bytes;
+    RT_CHECK(lo % chunk_rows == 0 && (hi % chunk_rows == 0 || hi == rows), "checkpoint dataset '",
+             name, "': rows [", lo, ", ", hi, ") are not whole chunks of ", chunk_rows);
     std::vector<unsigned char> edge;
     for (hsize_t r = lo; r < hi; r += chunk_rows) {
       const auto* src = static_cast<const unsigned char*>(t.data) + r * row_bytes;
-      const size_t have = size_t(std::min(chunk_rows, dims[0] - r) * row_bytes);
+      const size_t have = size_t(std::min(chunk_rows, rows - r)) * row_bytes;
       if (have < chunk_bytes) {
         edge.assign(chunk_bytes, 0);
         std::memcpy(edge.data(), src, have);
