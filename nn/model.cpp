@@ -140,40 +140,30 @@ void Model::apply_policy() {
     }
     if (from_input_only) layers_[n]->set_needs_input_grad(false);
   }
-  // Fusion: a convolution with a fused ReLU read only by a max pooling or another convolution
-  // leaves the ReLU's gradient mask to that reader (the pooling routes no gradient to a window
-  // whose maximum is 0; the convolution masks its dx in place): one pass over the tensor saved.
-  for (size_t n = 0; n < layers_.size(); ++n) {
-    if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
-    const auto src = size_t(inputs_[n][0]);
-    auto* conv = dynamic_cast<Conv2D*>(layers_[src].get());
-    if (!conv || consumers[src] != 1 || conv->activation() != kernels::Activation::relu) continue;
-    if (auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get())) {
-      pool->set_relu_input(true);
-    } else if (auto* next = dynamic_cast<Conv2D*>(layers_[n].get())) {
-      next->set_relu_input(true);
-    } else {
-      continue;
-    }
-    conv->set_relu_grad_done_by_next(true);
-  }
-  // Layouts: a convolution's output read only by another convolution or a max pooling stays
-  // in the backend's activation layout (no reorders between oneDNN's kernels); all other
+  // A convolution read only by a max pooling or another convolution hands that reader two
+  // things. Fusion: with a fused ReLU, the ReLU's gradient mask (the pooling routes no
+  // gradient to a window whose maximum is 0; the convolution masks its dx in place), one pass
+  // over the tensor saved. Layout: its output stays in the backend's activation layout (no
+  // reorders between oneDNN's kernels) when its channels fill whole blocks; all other
   // tensors, the pooling's output among them, are NCHW.
   for (size_t n = 0; n < layers_.size(); ++n) {
     if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
     const auto src = size_t(inputs_[n][0]);
     auto* conv = dynamic_cast<Conv2D*>(layers_[src].get());
-    if (!conv || consumers[src] != 1 || conv->out_channels() % kernels::kChannelBlock != 0)
-      continue;
-    if (auto* next = dynamic_cast<Conv2D*>(layers_[n].get())) {
-      next->set_input_blocked(true);
-    } else if (auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get())) {
-      pool->set_input_blocked(true);
-    } else {
-      continue;
+    if (!conv || consumers[src] != 1) continue;
+    auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get());
+    auto* next = dynamic_cast<Conv2D*>(layers_[n].get());
+    if (!pool && !next) continue;
+    if (conv->activation() == kernels::Activation::relu) {
+      if (pool) pool->set_relu_input(true);
+      if (next) next->set_relu_input(true);
+      conv->set_relu_grad_done_by_next(true);
     }
-    conv->set_output_blocked(true);
+    if (conv->out_channels() % kernels::kChannelBlock == 0) {
+      if (pool) pool->set_input_blocked(true);
+      if (next) next->set_input_blocked(true);
+      conv->set_output_blocked(true);
+    }
   }
 }
 
