@@ -2,14 +2,17 @@
 """The PyTorch peer of ringtrain's GPT throughput: the same GPT-2 (token + positional
 embedding, pre-norm blocks with causal self-attention and a tanh-GELU MLP, final layer norm,
 head tied to the embedding; models/gpt-tiny.pbtxt) trained with AdamW, under
-DistributedDataParallel over gloo when started by mpirun with several ranks. Used by
-benchmarks/peers/gpt.sh.
+DistributedDataParallel over gloo when started by mpirun with several ranks; docs/benchmarks.md
+(gpt_bench) has the commands that compare it with ringtrain's gpt_bench.
 
     mpirun -n 2 -x MASTER_PORT=29512 build-cpu/peers/torch/bin/python \\
         benchmarks/peers/torch_gpt.py --layers 4 --width 128 --heads 4 --seq-len 64 \\
-        --batch-size 8 --steps 60 --threads 1 [--precision bf16] [--compile] [--json FILE]
+        --batch-size 8 --steps 60 --threads 1 [--precision bf16] [--compile] \\
+        [--adamw fused|foreach] [--json FILE]
 
-Tokens are random ids drawn once (the figure is the training step, not data loading). Rank 0
+AdamW runs PyTorch's fused CPU kernel by default (`fused=True`, PyTorch 2.4 and later: one
+pass over each parameter, the fastest of its implementations); `--adamw foreach` selects the
+multi-tensor one that is PyTorch's default. Tokens are random ids drawn once (the figure is the training step, not data loading). Rank 0
 prints tokens/s (all ranks together) as the median over windows of --window steps after
 --warmup steps.
 """
@@ -36,6 +39,8 @@ def parse():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2)")
+    p.add_argument("--adamw", choices=["fused", "foreach"], default="fused",
+                   help="AdamW implementation: the fused CPU kernel (default) or PyTorch's default")
     p.add_argument("--json", help="write the result as one JSON object (rank 0)")
     a = p.parse_args()
     if a.steps - a.warmup < a.window:
@@ -104,7 +109,8 @@ model = GPT(args)
 decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
 other = [p for n, p in model.named_parameters() if not any(p is q for q in decay)]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                         {"params": other, "weight_decay": 0.0}], lr=3e-4)
+                         {"params": other, "weight_decay": 0.0}], lr=3e-4,
+                        **({"fused": True} if args.adamw == "fused" else {"foreach": True}))
 net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
 if args.compile:
     net = torch.compile(net)
@@ -141,10 +147,11 @@ for _ in range((args.steps - args.warmup) // args.window):
 if rank == 0:
     res = {"framework": "pytorch", "torch": torch.__version__, "compile": args.compile,
            "precision": args.precision, "layers": args.layers, "width": args.width,
-           "heads": args.heads, "seq_len": args.seq_len, "batch_size": args.batch_size,
-           "ranks": world, "threads": args.threads, "tokens_per_sec": statistics.median(rates),
+           "heads": args.heads, "adamw": args.adamw, "seq_len": args.seq_len,
+           "batch_size": args.batch_size, "ranks": world, "threads": args.threads, "tokens_per_sec": statistics.median(rates),
            "windows": rates, "loss": loss.item()}
-    print(f"pytorch {torch.__version__} {args.precision}{' compile' if args.compile else ''}: "
+    print(f"pytorch {torch.__version__} {args.precision}{' compile' if args.compile else ''}"
+          f" (AdamW {args.adamw}): "
           f"{res['tokens_per_sec']:.1f} tokens/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
