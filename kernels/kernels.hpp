@@ -144,6 +144,13 @@ class Backend {
   // (the numerics of tensor cores).
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, const Tensor& c) = 0;
+  // c = op(a) * op(b) + bias (bias: fp32 [n], added to every row). A backend that adds the
+  // bias inside its GEMM rounds c once (the default: gemm, then bias_add, twice in 16 bits).
+  virtual void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                         const Tensor& bias, const Tensor& c) {
+    gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
+    bias_add(c, bias, Activation::none);
+  }
   // dst = src converted (any float dtype to any float dtype, same numel), nearest-even.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
   // y[n, f] = act(y[n, f] + bias[f]), in place; in fp32, rounded once.

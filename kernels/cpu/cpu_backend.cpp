@@ -131,6 +131,20 @@ const void* CpuBackend::as_dtype(const Tensor& t, DType want, std::vector<float>
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
+  gemm_impl(trans_a, trans_b, alpha, a, b, beta, c, nullptr);
+}
+
+void CpuBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                           const Tensor& bias, const Tensor& c) {
+  if (opts_.gemm != GemmProvider::onednn || bias.dtype != DType::f32)
+    return Backend::gemm_bias(trans_a, trans_b, a, b, bias, c);
+  RT_CHECK(c.shape.size() == 2 && bias.numel() == c.dim(1), "bias of ", bias.numel(),
+           " for rows of ", c.shape.size() == 2 ? c.dim(1) : c.numel());
+  gemm_impl(trans_a, trans_b, 1.f, a, b, 0.f, c, bias.as<float>());
+}
+
+void CpuBackend::gemm_impl(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                           const Tensor& b, float beta, const Tensor& c, const float* bias) {
   RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
            "gemm takes 2-D tensors, got ", shape_str(a.shape), " ", shape_str(b.shape), " ",
            shape_str(c.shape));
@@ -151,7 +165,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
       if (beta != 0.f) to_f32(c.data, c.dtype, scratch_c_.data(), c.numel(), threads_);
     }
     matmul().run(trans_a, trans_b, m, n, k, alpha, as_dtype(a, in, scratch_a_),
-                 as_dtype(b, in, scratch_b_), in, beta, pc, direct ? c.dtype : DType::f32);
+                 as_dtype(b, in, scratch_b_), in, beta, pc, direct ? c.dtype : DType::f32, bias);
     if (!direct) from_f32(scratch_c_.data(), c.data, c.dtype, c.numel(), threads_);
     return;
   }
@@ -165,6 +179,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, 
     pc = scratch_c_.data();
     if (beta != 0.f) to_f32(c.data, c.dtype, pc, c.numel(), threads_);
   }
+  RT_CHECK(bias == nullptr, "gemm with a bias through the BLAS");
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha, pa, int(a.dim(1)),
               pb, int(b.dim(1)), beta, pc, int(n));

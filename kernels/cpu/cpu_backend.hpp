@@ -52,6 +52,9 @@ class CpuBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
             const Tensor& c) override;
   void cast(const Tensor& src, const Tensor& dst) override;
+  // oneDNN adds the bias to the fp32 accumulator before the one rounding into c.
+  void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
+                 const Tensor& c) override;
   void bias_add(const Tensor& y, const Tensor& bias, Activation act) override;
   void bias_grad(const Tensor& dy, const Tensor& db) override;
   void relu(const Tensor& x, const Tensor& y) override;
@@ -117,6 +120,9 @@ class CpuBackend final : public Backend {
                         float grad_scale, const Tensor* dlogits) override;
 
  private:
+  // gemm, with bias[n] (fp32) added inside oneDNN's matmul when given.
+  void gemm_impl(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                 float beta, const Tensor& c, const float* bias);
   // fp32 view of a tensor: the tensor itself when fp32, else a converted copy in `scratch`.
   const float* as_f32(const Tensor& t, std::vector<float>& scratch);
   // cpu_maxpool_blocked.cpp: max pooling of a blocked or nhwc input (ps.x_layout).

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.hpp"
@@ -43,8 +44,8 @@ const char* isa_str(dnnl::cpu_isa isa) {
   return "other";
 }
 
-// trans_a, trans_b, m, n, k, in, out, alpha, beta
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, DType, DType, float, float>;
+// trans_a, trans_b, m, n, k, in, out, alpha, beta, bias
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, DType, DType, float, float, bool>;
 
 // One CPU engine for the process, created on first use and never destroyed.
 dnnl::engine& cpu_engine() {
@@ -58,13 +59,14 @@ struct OneDnnMatmul::Impl {
   dnnl::engine& eng = cpu_engine();
   struct Entry {
     dnnl::matmul prim;
-    memory::desc a, b, c, scratch;
+    memory::desc a, b, c, bias, scratch;
   };
   std::map<Key, Entry> cache;
   std::map<std::pair<DType, DType>, std::string> probed;  // (in, out) -> implementation
 
   dnnl::matmul::primitive_desc make_pd(const memory::desc& a, const memory::desc& b,
-                                       const memory::desc& c, float alpha, float beta) {
+                                       const memory::desc& c, float alpha, float beta,
+                                       const memory::desc* bias = nullptr) {
     dnnl::primitive_attr attr;
     // Scratch memory passed per call from the calling thread (concurrent calls never share it).
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -74,6 +76,7 @@ struct OneDnnMatmul::Impl {
       ops.append_sum(beta);
       attr.set_post_ops(ops);
     }
+    if (bias) return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, *bias, c), attr, eng);
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng);
   }
 
@@ -90,12 +93,13 @@ struct OneDnnMatmul::Impl {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
-    const auto& [ta, tb, m, n, k, in, out, alpha, beta] = key;
+    const auto& [ta, tb, m, n, k, in, out, alpha, beta, has_bias] = key;
     Entry e;
     e.a = desc(m, k, ta, in);
     e.b = desc(k, n, tb, in);
     e.c = desc(m, n, false, out);
-    const auto pd = make_pd(e.a, e.b, e.c, alpha, beta);
+    if (has_bias) e.bias = desc(1, n, false, DType::f32);
+    const auto pd = make_pd(e.a, e.b, e.c, alpha, beta, has_bias ? &e.bias : nullptr);
     e.scratch = pd.scratchpad_desc();
     e.prim = dnnl::matmul(pd);
     return cache.emplace(key, std::move(e)).first->second;  // std::map: references stay valid
@@ -143,15 +147,17 @@ bool OneDnnMatmul::supports(DType in, DType out) {
 }
 
 void OneDnnMatmul::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const void* a, const void* b, DType in, float beta, void* c, DType out) {
+                       const void* a, const void* b, DType in, float beta, void* c, DType out,
+                       const float* bias) {
   auto& im = *impl_;
-  auto& e = im.get({trans_a, trans_b, m, n, k, in, out, alpha, beta});
+  auto& e = im.get({trans_a, trans_b, m, n, k, in, out, alpha, beta, bias != nullptr});
   memory ma(e.a, im.eng, const_cast<void*>(a)), mb(e.b, im.eng, const_cast<void*>(b)),
       mc(e.c, im.eng, c), ms(e.scratch, im.eng, im.thread_scratch(e.scratch.get_size()));
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(e.bias, im.eng, const_cast<float*>(bias)));
   dnnl::stream& strm = im.thread_stream();
-  e.prim.execute(
-      strm,
-      {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+  e.prim.execute(strm, args);
   strm.wait();
 }
 

@@ -20,13 +20,13 @@ class OneDnnMatmul {
   // True when oneDNN has an optimised (not reference) kernel for inputs of dtype `in` and a
   // result of dtype `out` on this CPU; probed once per pair.
   bool supports(DType in, DType out);
-  // c[m, n] = alpha op(a) op(b) + beta c, row-major, a and b of dtype `in` (their stored
-  // rows are op(x)'s columns when transposed), c of dtype `out`; fp32 accumulation, one
-  // rounding into `out`. Requires supports(in, out). Safe to call from several threads at
-  // once (the attention kernel's heads): each call runs on the calling thread's OpenMP team
-  // with its own stream and scratch memory.
+  // c[m, n] = alpha op(a) op(b) + beta c (+ bias[n] on every row when bias is given, fp32),
+  // row-major, a and b of dtype `in` (their stored rows are op(x)'s columns when transposed),
+  // c of dtype `out`; fp32 accumulation, one rounding into `out`. Requires supports(in, out).
+  // Safe to call from several threads at once (the attention kernel's heads): each call runs
+  // on the calling thread's OpenMP team with its own stream and scratch memory.
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-           const void* b, DType in, float beta, void* c, DType out);
+           const void* b, DType in, float beta, void* c, DType out, const float* bias = nullptr);
   // oneDNN's implementation name for these dtypes, e.g. "brg:avx512_core_bf16" (probed with
   // a small shape), or "none".
   std::string impl_name(DType in, DType out);

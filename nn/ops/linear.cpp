@@ -34,11 +34,16 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
   const Tensor& xi = in_dtype(ctx, x, xin_);
   x_ = Tensor(xi.data, {n, in_}, xi.dtype, xi.device);
   Tensor& y = y_.ensure({n, out_}, out_dtype(ctx));
-  ctx.backend.gemm(false, true, 1.f, x_, weights(ctx, *weight_, w_), 0.f, y);
-  if (bias_)
-    ctx.backend.bias_add(y, bias_->master, act_);  // the bias from the fp32 masters
-  else if (act_ == Activation::relu)
-    ctx.backend.relu(y, y);
+  const Tensor& w = weights(ctx, *weight_, w_);
+  if (bias_ && act_ == Activation::none) {  // the bias from the fp32 masters
+    ctx.backend.gemm_bias(false, true, x_, w, bias_->master, y);
+  } else {
+    ctx.backend.gemm(false, true, 1.f, x_, w, 0.f, y);
+    if (bias_)
+      ctx.backend.bias_add(y, bias_->master, act_);
+    else if (act_ == Activation::relu)
+      ctx.backend.relu(y, y);
+  }
   if (last_axis_) {  // computed as [rows, out]; returned with the leading dimensions of x
     y.shape = x.shape;
     y.shape.back() = out_;

@@ -298,6 +298,49 @@ TEST(OneDnnGemm, Fp32MatchesOpenBlasOnEveryModelShape) {
   }
 }
 
+// Linear's bias inside oneDNN's matmul (gemm_bias): in fp32 the same bits as the GEMM
+// followed by bias_add; in bf16 the product plus bias rounded once (the fp32-output GEMM plus
+// the bias, rounded to bf16), where the two passes round twice and so differ somewhere.
+TEST(OneDnnGemm, BiasIsAddedBeforeTheOneRounding) {
+  auto dnn = backend(GemmProvider::onednn, true);
+  std::vector<Linear> shapes = kLinears;
+  shapes.push_back({"gpt-tiny.fc", 128, 512});
+  shapes.push_back({"mid-gpt.qkv", 384, 1152});
+  for (const auto& l : shapes) {
+    SCOPED_TRACE(l.model);
+    auto x = test::uniform_floats(size_t(kBatch * l.in), -1.f, 1.f, 6);
+    auto w = test::uniform_floats(size_t(l.out * l.in), -1.f, 1.f, 7);
+    auto bias = test::uniform_floats(size_t(l.out), -4.f, 4.f, 8);
+    const Tensor tb(bias.data(), {l.out}, DType::f32);
+    std::vector<float> got(size_t(kBatch * l.out)), want(got.size());
+    const Tensor tx(x.data(), {kBatch, l.in}, DType::f32), tw(w.data(), {l.out, l.in}, DType::f32);
+    dnn.gemm_bias(false, true, tx, tw, tb, Tensor(got.data(), {kBatch, l.out}, DType::f32));
+    const Tensor tw32(want.data(), {kBatch, l.out}, DType::f32);
+    dnn.gemm(false, true, 1.f, tx, tw, 0.f, tw32);
+    dnn.bias_add(tw32, tb, kernels::Activation::none);
+    EXPECT_EQ(got, want) << "fp32";
+
+    if (!dnn.native(DType::bf16)) continue;  // bf16 widened to fp32: the case above
+    const DType bf = DType::bf16;
+    Values xb(size_t(kBatch * l.in), bf, 9), wb(size_t(l.out * l.in), bf, 10);
+    const Tensor a = xb.tensor({kBatch, l.in}, bf), b = wb.tensor({l.out, l.in}, bf);
+    std::vector<uint16_t> fused(got.size()), twice(got.size());
+    dnn.gemm_bias(false, true, a, b, tb, Tensor(fused.data(), {kBatch, l.out}, bf));
+    const Tensor t2(twice.data(), {kBatch, l.out}, bf);
+    dnn.Backend::gemm_bias(false, true, a, b, tb, t2);  // the GEMM, then bias_add
+    std::vector<float> acc(got.size());
+    dnn.gemm(false, true, 1.f, a, b, 0.f, Tensor(acc.data(), {kBatch, l.out}, DType::f32));
+    size_t once = 0, differ = 0;
+    for (size_t i = 0; i < acc.size(); ++i) {
+      const uint16_t r = float_to_bf16(acc[i] + bias[i % size_t(l.out)]);
+      once += fused[i] == r;
+      differ += twice[i] != r;
+    }
+    EXPECT_EQ(once, acc.size()) << "bf16: results not the once-rounded sum";
+    EXPECT_GT(differ, 0u) << "bf16: the two-pass path never differs, so the check above is vacuous";
+  }
+}
+
 // Every convolution of the shipped models: the cnn's two (Fashion-MNIST 28x28, bias + ReLU
 // fused), resnet's (CIFAR 32x32, width 16: the stem, each stage's 3x3 convolutions, the
 // strided ones into stages 2 and 3 and their 1x1 shortcuts; no bias).
