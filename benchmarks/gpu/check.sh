@@ -453,7 +453,7 @@ run_prebuilt() {
       step gpu_bench 150 "$pre/bin/gpu_bench" --json "$out/bench.json"
     elif IFS=$'\t' read -r -a args < <(grep "^$t"$'\t' "$pre/tests.tsv"); then
       name=${args[0]} limit=${args[1]}
-      step "$name" "$((limit + 10))" "$pre/bin/gpu_tests" "${args[@]:2}"
+      step "$name" "$((limit + 10))" "$pre/bin/gpu_tests" "${args[@]:2}" --source-dir="$root"
     else
       blocked "$t" "not in the bundle's tests.tsv"
     fi
