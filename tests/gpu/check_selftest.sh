@@ -103,7 +103,7 @@ if [[ -n $cuda_build ]]; then
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
 got = {st["name"]: st for st in s["steps"]}
-order = ["unpack", "env", "gpu_ops", "gpu_bench", "gpu_allocator", "gpu_training",
+order = ["unpack", "env", "gpu_ops", "gpu_training", "gpu_allocator", "gpu_bench",
          "gpu_nccl_np1", "gpu_train_cli"]
 assert [st["name"] for st in s["steps"]] == order, [st["name"] for st in s["steps"]]
 assert got["unpack"]["status"] == "passed", got["unpack"]
