@@ -95,6 +95,16 @@ if [[ -n $cuda_build ]]; then
   if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|c|stdc\+\+)\.so' <<<"$listing"; then
     fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|c\.|stdc)' <<<"$listing")"
   fi
+  # The closure: with the bundle's lib/ first, every library the programs load comes from the
+  # bundle, except the CUDA libraries and the C/C++ runtime, which the GPU machine has.
+  mkdir -p "$dir/unpacked"
+  tar -C "$dir/unpacked" -xJf "$dir/bundle/rt.tar.xz"
+  for prog in gpu_tests gpu_bench; do
+    outside="$(LD_LIBRARY_PATH="$dir/unpacked/lib" ldd "$dir/unpacked/bin/$prog" |
+      awk '$2 == "=>" {print $1}' | grep -vxFf <(ls "$dir/unpacked/lib") |
+      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
+    [[ -z $outside ]] || fail "$prog loads libraries the bundle lacks: $outside"
+  done
   rc=0
   "$check" --prebuilt "$dir/bundle/rt.tar.xz" --out "$dir/pre" --build "$dir/pre-build" \
     --budget 200 >"$dir/pre.out" 2>&1 || rc=$?
