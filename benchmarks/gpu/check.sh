@@ -434,9 +434,20 @@ env_prebuilt() {
   done
 }
 
+# tar's -J needs the xz program, which a slim image may lack; python3's tarfile reads xz
+# through its own lzma module.
+unpack_bundle() {  # FILE DIR
+  if command -v xz >/dev/null; then
+    tar -C "$2" -xJf "$1"
+  else
+    echo "no xz program: unpacking with python3's tarfile"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+  fi
+}
+
 run_prebuilt() {
   pre="$(mktemp -d /tmp/ringtrain-prebuilt.XXXXXX)"
-  step unpack 60 tar -C "$pre" -xJf "$prebuilt"
+  step unpack 60 unpack_bundle "$prebuilt" "$pre"
   if ! passed unpack; then
     local t
     for t in env gpu_ops gpu_training gpu_allocator gpu_bench; do blocked "$t" "unpack did not pass"; done
@@ -478,7 +489,7 @@ run_self_test() {
 
 export root build arch budget
 export pre
-export -f env_report configure ctest_one env_prebuilt
+export -f env_report configure ctest_one env_prebuilt unpack_bundle
 stamp "check.sh $mode: budget ${budget}s, out $out"
 case "$mode" in
   self-test) run_self_test ;;
