@@ -121,6 +121,14 @@ void report(const Results& res, bool quick, bool gemm_only, const std::string& d
        << ",\"step_ms\":" << num(r.step_ms) << ",\"tokens_per_sec\":" << num(r.tokens_per_s)
        << ",\"model_tflops\":" << num(r.model_tflops) << "}";
   }
+  js << "],\"gpt_ops\":[";
+  for (size_t i = 0; i < res.gpt_ops.size(); ++i) {
+    const auto& r = res.gpt_ops[i];
+    js << (i ? "," : "") << "{\"op\":\"" << r.op << "\",\"dtype\":\"" << r.dtype
+       << "\",\"ms\":" << num(r.ms) << ",\"calls_per_step\":" << num(r.calls_per_step)
+       << ",\"ms_per_step\":" << num(r.ms_per_step) << ",\"rate\":" << num(r.rate) << ",\"unit\":\""
+       << r.unit << "\",\"of_ref\":" << num(r.of_ref) << "}";
+  }
   js << "],\"goals\":[";
   for (size_t i = 0; i < std::size(goals); ++i) {
     const auto& g = goals[i];

@@ -66,12 +66,23 @@ struct GptRow {
 
 GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t seq, int steps);
 
+// --- gpt2-124m ops: our transformer kernels alone at one step's shapes
+struct OpRow {
+  std::string op, dtype;
+  double ms, calls_per_step, ms_per_step, rate;
+  std::string unit;  // TFLOP/s or GB/s
+  double of_ref;     // rate over the large bf16 GEMM's TFLOP/s or the device copy's GB/s
+};
+std::vector<OpRow> bench_gpt_ops(kernels::Backend& be, cudaStream_t s, DType t, int64_t batch,
+                                 int64_t seq, double gemm_tflops, double copy_gbps);
+
 // --- report: the goals from the rows, the table of them, and the JSON file
 struct Results {
   std::vector<GemmRow> gemm;
   std::vector<BandwidthRow> bw;
   std::vector<TrainRow> train;
   std::vector<GptRow> gpt;
+  std::vector<OpRow> gpt_ops;
   std::vector<std::string> errors;
 };
 // Prints the goals (a goal whose rows are missing is "not measured") and writes `path`.

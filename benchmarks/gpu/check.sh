@@ -6,13 +6,15 @@
 # (a table: every step passed, failed, timed out, skipped or not run, with its time and
 # the reason) after every step, so a failure, a hang or a kill still leaves a summary.
 # The benchmark runs before the longest test (gpu_train_cli), so its figures come back.
-# --self-test runs the same machinery on fake steps (no GPU, no build) for ctest.
+# --prebuilt runs programs built elsewhere (pack_prebuilt.sh) on a machine that lacks the
+# build's libraries. --self-test runs the same machinery on fake steps (no GPU, no build)
+# for ctest.
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
 usage: benchmarks/gpu/check.sh [--quick] [--out DIR] [--build DIR] [--arch LIST] [--jobs N]
-                               [--budget SECONDS] [--self-test]
+                               [--budget SECONDS] [--prebuilt FILE] [--self-test]
 
   --quick         a second attempt in the same lease: build (incremental when DIR exists),
                   the ops tests and the GEMM benchmark only; budget 180 s
@@ -24,10 +26,17 @@ usage: benchmarks/gpu/check.sh [--quick] [--out DIR] [--build DIR] [--arch LIST]
   --budget S      the deadline in seconds for everything (default 420, --quick 180): each
                   step's timeout is its own limit or what is left, whichever is less; a
                   step with no time left is marked "not-run"
+  --prebuilt FILE no configure or build: unpack FILE (made by pack_prebuilt.sh on a
+                  machine with the build's libraries), find the CUDA libraries it needs on
+                  this machine (CUDA toolkit, python3's NVIDIA pip packages), then run
+                  gpu_ops, gpu_training, gpu_allocator and gpu_bench (240 s) from it;
+                  gpu_nccl_np1 and gpu_train_cli need Open MPI's runtime and are marked
+                  not-run
   --self-test     run the step/timeout/summary machinery on fake steps (no GPU needed)
 
 Steps (full): env, configure, build, gpu_ops, gpu_bench, gpu_allocator, gpu_nccl_np1,
-gpu_training, gpu_train_cli. Environment: NCCL_DEBUG=WARN, cuDNN's error log
+gpu_training, gpu_train_cli. Prebuilt: unpack, env, then the tests above that the bundle
+holds. Environment: NCCL_DEBUG=WARN, cuDNN's error log
 (CUDNN_LOGERR_DBG=1) into OUT/cudnn.log, NCCL bootstrap on loopback (one machine).
 
 Exit status: 0 when every step passed (goals missed by the benchmark are reported, not
@@ -42,10 +51,16 @@ arch=90
 jobs="$(nproc)"
 mode=full
 budget=""
+prebuilt=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) mode=quick; shift ;;
     --self-test) mode=self-test; shift ;;
+    --prebuilt)
+      [[ $# -ge 2 ]] || { echo "check.sh: $1 needs a value" >&2; exit 1; }
+      mode=prebuilt
+      prebuilt="$2"
+      shift 2 ;;
     --out|--build|--arch|--jobs|--budget)
       [[ $# -ge 2 ]] || { echo "check.sh: $1 needs a value" >&2; exit 1; }
       case "$1" in
@@ -69,10 +84,14 @@ if [[ ! $jobs =~ ^[0-9]+$ || $jobs -lt 1 ]]; then
   exit 1
 fi
 case "$mode" in
-  full) budget=${budget:-420} ;;
+  full|prebuilt) budget=${budget:-420} ;;
   quick) budget=${budget:-180} ;;
   self-test) budget=${budget:-20} ;;
 esac
+if [[ $mode == prebuilt ]]; then
+  [[ -f $prebuilt ]] || { echo "check.sh: --prebuilt '$prebuilt' is not a file" >&2; exit 1; }
+  prebuilt="$(cd "$(dirname "$prebuilt")" && pwd)/$(basename "$prebuilt")"
+fi
 [[ -n "$out" ]] || out="$build/gpu-check"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -189,8 +208,10 @@ finish() {
   done
   write_summary || echo "check.sh: writing the summary failed" >&2
   tar -C "$logs" --transform 's,^\.,logs,' -czf "$out/logs.tar.gz" . 2>/dev/null || true
+  [[ -z $pre ]] || rm -rf "$pre"
 }
 step_pid=""
+pre=""  # --prebuilt: where the bundle is unpacked
 on_signal() {
   [[ -z $step_pid ]] || kill -TERM "$step_pid" 2>/dev/null || true
   echo "check.sh: stopped by a signal; the summary holds the steps so far" >&2
@@ -359,6 +380,103 @@ run_real() {
   done
 }
 
+# ---- programs built elsewhere: --prebuilt ---------------------------------------------------
+# Adds to LD_LIBRARY_PATH the folder of each CUDA library the bundle needs that the loader
+# does not already find: the CUDA toolkit's, else python3's NVIDIA pip packages' (where
+# CUDA/PyTorch images keep cuDNN and NCCL). cuDNN's runtime-compiled engines also load NVRTC.
+find_cuda_libs() {
+  local need lib dirs=() d hit
+  need="$(sed -n 's/^cuda libraries needed from the machine: //p' "$pre/manifest.txt")"
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [[ -d $d ]] && dirs+=("$d")
+  done
+  if command -v python3 >/dev/null; then
+    while read -r d; do [[ -d $d/nvidia ]] && dirs+=("$d/nvidia"); done < <(python3 -c \
+      'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+      2>/dev/null || true)
+  fi
+  for lib in $need libnvrtc.so.13; do
+    ldconfig -p 2>/dev/null | grep -q " $lib " && continue
+    hit=""
+    for d in "${dirs[@]}"; do
+      hit="$(find "$d" -name "$lib" -print -quit 2>/dev/null || true)"
+      [[ -z $hit ]] || break
+    done
+    [[ -n $hit ]] || continue
+    case ":${LD_LIBRARY_PATH:-}:" in
+      *":$(dirname "$hit"):"*) ;;
+      *) LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$hit")" ;;
+    esac
+  done
+  export LD_LIBRARY_PATH="$pre/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+env_prebuilt() {
+  if command -v nvidia-smi >/dev/null; then
+    echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap \
+      --format=csv,noheader | sed -n 1p)"
+    nvidia-smi
+  else
+    echo "nvidia-smi: not found"
+  fi
+  echo "glibc: $(ldd --version | sed -n 1p)"
+  cat "$pre/manifest.txt"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "cores: $(nproc); budget ${budget}s"
+  local prog missing
+  for prog in "$pre"/bin/*; do
+    ldd "$prog" | grep -E 'libcu|libnccl' || true
+    missing="$(ldd "$prog" | grep 'not found' || true)"
+    if [[ -n $missing ]]; then
+      echo "error: ${prog##*/} cannot load: $(echo "$missing" | awk '{print $1}' | tr '\n' ' ')"
+      return 1
+    fi
+  done
+}
+
+# tar's -J needs the xz program, which a slim image may lack; python3's tarfile reads xz
+# through its own lzma module.
+unpack_bundle() {  # FILE DIR
+  if command -v xz >/dev/null; then
+    tar -C "$2" -xJf "$1"
+  else
+    echo "no xz program: unpacking with python3's tarfile"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+  fi
+}
+
+run_prebuilt() {
+  pre="$(mktemp -d /tmp/ringtrain-prebuilt.XXXXXX)"
+  step unpack 60 unpack_bundle "$prebuilt" "$pre"
+  if ! passed unpack; then
+    local t
+    for t in env gpu_ops gpu_training gpu_allocator gpu_bench; do blocked "$t" "unpack did not pass"; done
+    return 0
+  fi
+  find_cuda_libs
+  step env 20 env_prebuilt
+  mkdir -p "$pre/work"
+  cd "$pre/work"  # the tests' working directory, as ctest's build/tests/gpu
+  # No build and no gpu_train_cli here: the tests first (a wrong kernel is the news that
+  # matters most), then the benchmark with the rest of the budget.
+  local name limit args=() t
+  for t in gpu_ops gpu_training gpu_allocator gpu_bench; do
+    if ! passed env; then
+      blocked "$t" "env did not pass: a library is missing"
+    elif [[ $t == gpu_bench ]]; then
+      step gpu_bench 240 "$pre/bin/gpu_bench" --json "$out/bench.json"
+    elif IFS=$'\t' read -r -a args < <(grep "^$t"$'\t' "$pre/tests.tsv"); then
+      name=${args[0]} limit=${args[1]}
+      step "$name" "$((limit + 10))" "$pre/bin/gpu_tests" "${args[@]:2}" --source-dir="$root"
+    else
+      blocked "$t" "not in the bundle's tests.tsv"
+    fi
+  done
+  for t in gpu_nccl_np1 gpu_train_cli; do
+    blocked "$t" "needs Open MPI's runtime (mpiexec), which the prebuilt bundle does not hold"
+  done
+}
+
 # ---- fake steps for --self-test: one of each outcome ----------------------------------------
 run_self_test() {
   step ok 30 bash -c 'echo "1/1 tests passed"; echo "goal x  1.0 >=0.5 met"; echo "goal y  0.1 >=0.8 MISSED"'
@@ -370,9 +488,14 @@ run_self_test() {
 }
 
 export root build arch budget
-export -f env_report configure ctest_one
+export pre
+export -f env_report configure ctest_one env_prebuilt unpack_bundle
 stamp "check.sh $mode: budget ${budget}s, out $out"
-if [[ $mode == self-test ]]; then run_self_test; else run_real; fi
+case "$mode" in
+  self-test) run_self_test ;;
+  prebuilt) run_prebuilt ;;
+  *) run_real ;;
+esac
 finish
 stamp "done: $(overall); $out/summary.json, $out/summary.md"
 cat "$out/summary.md"

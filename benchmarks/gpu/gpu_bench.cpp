@@ -19,10 +19,13 @@
 //              (6 N + 12 L C T) FLOP per token (PaLM's count: the parameters' GEMMs and the
 //              attention scores, forward and backward) x tokens/s over the bf16 GEMM TFLOP/s
 //              of the large square measured in the first table.
+//   gpt ops    each of our transformer kernels alone at those shapes, its calls per step and
+//              their sum against the step (where the non-GEMM time goes), each rate against
+//              the large bf16 GEMM (attention) or the device copy (the memory-bound ops).
 // --gemm-only runs the first table alone (check.sh --quick). Writes one JSON object (--json
 // FILE) and prints a table.
 // Sections: bench_kernels.cpp (gemm, bandwidth), bench_training.cpp (train, gpt),
-// bench_report.cpp (goals, JSON).
+// bench_gpt_ops.cpp (gpt ops), bench_report.cpp (goals, JSON).
 #include <cstdio>
 #include <string>
 
@@ -154,6 +157,38 @@ int main(int argc, char** argv) {
       std::printf("%-10s %-5s %6lld %6lld %10lld %10.2f %12.0f %12.1f\n", "gpt2-124m",
                   r.dtype.c_str(), (long long)r.batch, (long long)r.seq, (long long)r.params,
                   r.step_ms, r.tokens_per_s, r.model_tflops);
+  }
+  // (e) the transformer kernels alone at the gpt rows' shapes, and their sum per step.
+  auto& ops = res.gpt_ops;
+  if (!gemm_only) {
+    const GemmRow* ref = nullptr;
+    for (const auto& r : gemm)
+      if (r.name == shapes[0].name && r.dtype == "bf16") ref = &r;
+    const double copy_gbps = bw.empty() ? 0 : bw[0].gbps;
+    for (DType t : {DType::f32, DType::bf16}) {
+      try {
+        for (auto& r : bench_gpt_ops(*be, stream, t, 8, quick ? 256 : 1024,
+                                     ref ? ref->ours_tflops : 0, copy_gbps))
+          ops.push_back(r);
+      } catch (const Error& e) {
+        errors.push_back(cat("gpt2-124m ops ", dtype_name(t), ": ", e.what()));
+      }
+    }
+    std::printf("\n%-32s %-5s %10s %6s %11s %10s %-7s %7s\n", "gpt2-124m op", "type", "ms/call",
+                "calls", "ms per step", "rate", "unit", "of ref");
+    for (const auto& r : ops)
+      std::printf("%-32s %-5s %10.3f %6.0f %11.2f %10.1f %-7s %7.3f\n", r.op.c_str(),
+                  r.dtype.c_str(), r.ms, r.calls_per_step, r.ms_per_step, r.rate, r.unit.c_str(),
+                  r.of_ref);
+    for (const auto& g : gpt) {
+      double sum = 0;
+      for (const auto& r : ops)
+        if (r.dtype == g.dtype) sum += r.ms_per_step;
+      std::printf(
+          "gpt2-124m %s: these ops %.1f ms of the %.1f ms step (%.0f %%; the rest is "
+          "cuBLAS, casts and the optimizer)\n",
+          g.dtype.c_str(), sum, g.step_ms, 100 * sum / g.step_ms);
+    }
   }
   for (const auto& e : errors) std::printf("ERROR: %s\n", e.c_str());
 

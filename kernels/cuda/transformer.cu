@@ -16,6 +16,13 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kMaxLaneDims = 8;  // head size up to 256: 8 dimensions per lane
+// The backend refuses head sizes above kMaxAttentionHeadSize (launch.hpp); a lane's
+// registers hold kMaxLaneDims of them, so the two must agree or dimensions would be dropped.
+static_assert(kMaxLaneDims * kWarp == kMaxAttentionHeadSize, "attention head-size limit");
+// The backward pass's dynamic shared memory (two rows of the head size per warp) must fit
+// the 48 KiB a launch gets without opting in.
+static_assert((kThreads / kWarp) * 2 * kMaxAttentionHeadSize * sizeof(float) <= 48 * 1024,
+              "attention shared memory");
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

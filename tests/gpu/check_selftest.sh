@@ -4,12 +4,17 @@
 # 77 as gpu_bench does without a device, one would outlive the whole budget, one comes too late), and this script checks from
 # outside that the run ended within its budget, exited 1, and left a valid summary.json
 # and a summary.md marking each step as it went. Then the same run stopped by SIGTERM must
-# still leave a summary of the steps so far, and --help / a bad option behave.
-# usage: check_selftest.sh CHECK_SH WORKDIR
+# still leave a summary of the steps so far, and --help / a bad option behave. Given a CUDA
+# build, the --prebuilt route too: pack_prebuilt.sh bundles its gpu_tests and gpu_bench,
+# check.sh --prebuilt unpacks it and resolves every library the programs load (the env
+# step runs ldd on them), and each test step runs the bundled program (skipped with 77
+# without a GPU, passed with one; never failed or not run).
+# usage: check_selftest.sh CHECK_SH WORKDIR [CUDA_BUILD_DIR]
 set -euo pipefail
 
 check=${1:?usage: check_selftest.sh CHECK_SH WORKDIR}
 dir=${2:?usage: check_selftest.sh CHECK_SH WORKDIR}
+cuda_build=${3:-}
 rm -rf "$dir"
 mkdir -p "$dir"
 unset OUT
@@ -77,5 +82,53 @@ rc=0
 "$check" --self-test --budget soon >"$dir/bad.out" 2>&1 || rc=$?
 if [[ $rc -ne 1 ]] || ! grep -q "budget 'soon'" "$dir/bad.out"; then
   fail "a bad --budget: exit $rc, $(cat "$dir/bad.out")"
+fi
+
+if [[ -n $cuda_build ]]; then
+  pack="$(dirname "$check")/pack_prebuilt.sh"
+  XZ_OPT=-0 "$pack" --build "$cuda_build" --out "$dir/bundle/rt.tar.xz" >"$dir/pack.out" 2>&1 ||
+    { cat "$dir/pack.out"; fail "pack_prebuilt.sh failed"; }
+  listing=$(tar tJf "$dir/bundle/rt.tar.xz") || fail "the bundle cannot be listed"
+  for f in bin/gpu_tests bin/gpu_bench tests.tsv manifest.txt lib/libdnnl.so.2 lib/libprotobuf.so.32; do
+    grep -qx "$f" <<<"$listing" || fail "the bundle has no $f"
+  done
+  if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|c|stdc\+\+)\.so' <<<"$listing"; then
+    fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|c\.|stdc)' <<<"$listing")"
+  fi
+  # The closure: with the bundle's lib/ first, every library the programs load comes from the
+  # bundle, except the CUDA libraries and the C/C++ runtime, which the GPU machine has.
+  mkdir -p "$dir/unpacked"
+  tar -C "$dir/unpacked" -xJf "$dir/bundle/rt.tar.xz"
+  for prog in gpu_tests gpu_bench; do
+    outside="$(LD_LIBRARY_PATH="$dir/unpacked/lib" ldd "$dir/unpacked/bin/$prog" |
+      awk '$2 == "=>" {print $1}' | grep -vxFf <(ls "$dir/unpacked/lib") |
+      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
+    [[ -z $outside ]] || fail "$prog loads libraries the bundle lacks: $outside"
+  done
+  rc=0
+  "$check" --prebuilt "$dir/bundle/rt.tar.xz" --out "$dir/pre" --build "$dir/pre-build" \
+    --budget 200 >"$dir/pre.out" 2>&1 || rc=$?
+  [[ $rc -eq 1 ]] || { cat "$dir/pre.out"; fail "check.sh --prebuilt exited $rc, expected 1"; }
+  python3 - "$dir/pre" <<'PY' || { cat "$dir/pre.out"; fail "summary of the --prebuilt run"; }
+import json, sys
+s = json.load(open(f"{sys.argv[1]}/summary.json"))
+got = {st["name"]: st for st in s["steps"]}
+order = ["unpack", "env", "gpu_ops", "gpu_training", "gpu_allocator", "gpu_bench",
+         "gpu_nccl_np1", "gpu_train_cli"]
+assert [st["name"] for st in s["steps"]] == order, [st["name"] for st in s["steps"]]
+assert got["unpack"]["status"] == "passed", got["unpack"]
+assert got["env"]["status"] == "passed", got["env"]
+for name in order[2:6]:
+    st = got[name]
+    assert (st["status"], st["rc"]) in (("skipped", 77), ("passed", 0)), st
+    assert st["status"] == "passed" or "no CUDA device" in st["note"], st
+for name in order[6:]:
+    assert got[name]["status"] == "not-run" and "Open MPI" in got[name]["note"], got[name]
+print("prebuilt run:", {n: got[n]["status"] for n in order})
+PY
+  # The unpacked bundle is removed at the end (the env log names where it was).
+  unpacked="$(sed -n 's/^LD_LIBRARY_PATH=\([^:]*\)\/lib.*/\1/p' "$dir/pre-build/check-logs/env.log")"
+  [[ $unpacked == /tmp/ringtrain-prebuilt.* ]] || fail "the env log names no unpack folder: '$unpacked'"
+  [[ ! -e $unpacked ]] || fail "check.sh left the unpacked bundle in $unpacked"
 fi
 echo "check.sh self-test checks passed"

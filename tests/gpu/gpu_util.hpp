@@ -34,6 +34,14 @@ inline const std::string& no_gpu_reason() {
   return why;
 }
 
+// The repository whose tests/ref files the suites read: RINGTRAIN_SOURCE_DIR as built, or
+// gpu_tests --source-dir=DIR (a bundle from benchmarks/gpu/pack_prebuilt.sh runs where the
+// repository lies elsewhere).
+inline std::string& source_dir() {
+  static std::string dir = RINGTRAIN_SOURCE_DIR;
+  return dir;
+}
+
 // The exit status of a GPU suite that found no device (ctest's SKIP_RETURN_CODE): the
 // suite's main() decides that once, before any test runs, so no failure can look skipped.
 constexpr int kNoDeviceExit = 77;

@@ -1,8 +1,9 @@
 // The CUDA backend's transformer ops (kernels/cuda/transformer.cu) against the CPU reference
-// on the same inputs, for fp32, fp16 and bf16, a short sequence and one longer than the CPU
-// kernel's tile: embedding, layer norm, causal attention (forward, log-sum-exp, backward),
-// GELU (tanh) and the fused token cross-entropy over a padded vocabulary. Skipped, visibly,
-// without a CUDA device.
+// on the same inputs, for fp32, fp16 and bf16 and for one token, a short sequence and one
+// longer than the CPU kernel's tile and not a multiple of the CUDA kernel's 32 keys per
+// step: embedding, layer norm, causal attention (forward, log-sum-exp, backward, at several
+// head sizes; above the kernel's limit refused), GELU (tanh) and the fused token
+// cross-entropy over a padded vocabulary. Skipped, visibly, without a CUDA device.
 #include <tuple>
 
 #include "tests/gpu/gpu_util.hpp"
@@ -17,6 +18,8 @@ class TransformerOpTest : public ::testing::TestWithParam<std::tuple<DType, int6
   int64_t seq() const { return std::get<1>(GetParam()); }
   kernels::Backend& cpu() { return cpu_backend(); }
   kernels::Backend& gpu() { return gpu_backend(); }
+  // Forward (output, log-sum-exp) and backward of causal attention against the CPU.
+  void check_attention(int64_t b, int64_t t, int64_t heads, int64_t hs);
 };
 
 std::vector<float> tokens(int64_t n, int64_t vocab, uint32_t seed) {
@@ -64,8 +67,29 @@ TEST_P(TransformerOpTest, LayerNorm) {
   EXPECT_TRUE(all_close(floats(db.d()), floats(db.h()), 1e-5, 1e-4));
 }
 
+// Head sizes: 32 (one dimension per lane), GPT-2's 64, 40 (a second, partial round of
+// lanes) and 256 (all kMaxLaneDims rounds, the kernel's limit).
 TEST_P(TransformerOpTest, Attention) {
-  const int64_t b = 2, t = seq(), heads = 3, hs = 32, c = heads * hs;
+  for (const auto& [heads, hs] : {std::pair<int64_t, int64_t>{3, 32}, {2, 64}, {2, 40}, {1, 256}}) {
+    SCOPED_TRACE(::testing::Message() << heads << " heads of " << hs);
+    check_attention(2, seq(), heads, hs);
+  }
+}
+
+TEST_P(TransformerOpTest, AttentionRejectsHeadsAboveTheKernelsLimit) {
+  const int64_t b = 1, t = seq(), heads = 1, hs = 264, c = heads * hs;
+  Pair qkv = make_pair({b, t, 3 * c}, dt()), out = make_pair({b, t, c}, dt());
+  Pair lse = make_pair({b, heads, t}, DType::f32);
+  try {
+    gpu().attention_forward(heads, qkv.d(), out.d(), lse.d());
+    FAIL() << "head size 264 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head size 264"), std::string::npos) << e.what();
+  }
+}
+
+void TransformerOpTest::check_attention(int64_t b, int64_t t, int64_t heads, int64_t hs) {
+  const int64_t c = heads * hs;
   Pair qkv = make_pair({b, t, 3 * c}, dt(), uniform(b * t * 3 * c, -1.5f, 1.5f, 9));
   Pair out = make_pair({b, t, c}, dt()), lse = make_pair({b, heads, t}, DType::f32);
   cpu().attention_forward(heads, qkv.h(), out.h(), lse.h());
@@ -112,7 +136,8 @@ TEST_P(TransformerOpTest, TokenCrossEntropy) {
 
 INSTANTIATE_TEST_SUITE_P(DtypeSeq, TransformerOpTest,
                          ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
-                                            ::testing::Values(int64_t(5), int64_t(131))),
+                                            ::testing::Values(int64_t(1), int64_t(5),
+                                                              int64_t(131))),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) + "_T" +
                                   std::to_string(std::get<1>(info.param));

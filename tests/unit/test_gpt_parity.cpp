@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt_ref.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
@@ -22,55 +23,10 @@
 namespace ringtrain {
 namespace {
 
-struct GptRef {
-  hid_t file = -1;
-  GptRef() {
-    const std::string path = std::string(RINGTRAIN_SOURCE_DIR) + "/tests/ref/gpt_ref.h5";
-    file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  }
-  ~GptRef() {
-    if (file >= 0) H5Fclose(file);
-  }
-  template <typename T>
-  std::vector<T> read(const std::string& name, hid_t type, Shape* shape = nullptr) const {
-    hid_t ds = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
-    EXPECT_GE(ds, 0) << "gpt_ref.h5 has no dataset " << name;
-    if (ds < 0) return {};
-    hid_t sp = H5Dget_space(ds);
-    const int rank = H5Sget_simple_extent_ndims(sp);
-    std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
-    H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
-    Shape s(dims.begin(), dims.end());
-    std::vector<T> v(static_cast<size_t>(shape_numel(s)));
-    H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-    H5Sclose(sp);
-    H5Dclose(ds);
-    if (shape) *shape = s;
-    return v;
-  }
-  std::vector<double> real(const std::string& name, Shape* shape = nullptr) const {
-    return read<double>(name, H5T_NATIVE_DOUBLE, shape);
-  }
-  double attr(const char* name) const {
-    double v = 0;
-    hid_t a = H5Aopen_by_name(file, "/", name, H5P_DEFAULT, H5P_DEFAULT);
-    EXPECT_GE(a, 0) << "gpt_ref.h5 has no attribute " << name;
-    H5Aread(a, H5T_NATIVE_DOUBLE, &v);
-    H5Aclose(a);
-    return v;
-  }
-  int64_t iattr(const char* name) const { return int64_t(std::llround(attr(name))); }
-};
-
-// max |got - want| / max |want| over a tensor: its error relative to its scale.
-double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 1e-300;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(double(got[i]) - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return num / den;
-}
+using gpt_ref::GptRef;
+using gpt_ref::rel_err;
+using gpt_ref::Tolerance;
+using gpt_ref::tolerance_of;
 
 std::vector<float> floats_of(const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
@@ -78,23 +34,12 @@ std::vector<float> floats_of(const Tensor& t) {
   return v;
 }
 
-// Tolerances: fp32 as the issue states; 16-bit from one rounding of every activation and
-// weight (bf16 2^-8, fp16 2^-11) compounded over the network's ~20 ops.
-struct Tolerance {
-  double logits, loss, grads, losses;
-};
-Tolerance tolerance_of(DType t) {
-  if (t == DType::f32) return {1e-5, 1e-5, 1e-4, 1e-5};
-  if (t == DType::bf16) return {3e-2, 5e-4, 5e-2, 1e-3};
-  return {5e-3, 1e-4, 1e-2, 1e-4};
-}
-
 class GptParity : public ::testing::TestWithParam<DType> {};
 
 TEST_P(GptParity, LogitsLossGradientsAndTenAdamWSteps) {
   const DType compute = GetParam();
   const Tolerance tol = tolerance_of(compute);
-  GptRef ref;
+  GptRef ref(std::string(RINGTRAIN_SOURCE_DIR) + "/tests/ref/gpt_ref.h5");
   ASSERT_GE(ref.file, 0) << "cannot open tests/ref/gpt_ref.h5";
   const int64_t v = ref.iattr("vocab_size"), vp = ref.iattr("padded_vocab_size");
   const int64_t t = ref.iattr("seq_len"), b = ref.iattr("batch");
@@ -158,13 +103,7 @@ TEST_P(GptParity, LogitsLossGradientsAndTenAdamWSteps) {
   auto opt = make_optimizer(oc, model->num_params());
   std::vector<DecayRange> ranges;
   for (const Param& p : model->params()) {
-    int64_t want_decay = 0;
-    hid_t ds = H5Dopen2(ref.file, ("params/" + p.name).c_str(), H5P_DEFAULT);
-    hid_t a = H5Aopen(ds, "decay", H5P_DEFAULT);
-    H5Aread(a, H5T_NATIVE_INT64, &want_decay);
-    H5Aclose(a);
-    H5Dclose(ds);
-    EXPECT_EQ(p.decay, want_decay != 0) << "default weight decay of " << p.name;
+    EXPECT_EQ(p.decay, ref.decay(p.name)) << "default weight decay of " << p.name;
     ranges.push_back({p.offset, p.master.numel(), p.decay});
   }
   opt->set_decay_ranges(ranges);
