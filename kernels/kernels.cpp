@@ -136,6 +136,8 @@ const char* op_name(Op op) {
       return "gelu_tanh";
     case Op::token_xent:
       return "token_xent";
+    case Op::fused_unscale:
+      return "fused_unscale";
   }
   return "?";
 }

@@ -36,7 +36,10 @@ enum class Op {
   layernorm,
   attention,
   gelu_tanh,
-  token_xent
+  token_xent,
+  // sgd_step/adamw_step read a gradient of this dtype times the config's grad_scale (the loss
+  // scaler's unscale folded into the optimizer), and unscale_check takes an empty `out`.
+  fused_unscale
 };
 
 // An activation fused into the op that produces a layer's output (bias_add, conv2d_forward).
@@ -109,14 +112,19 @@ struct XentResult {
   int64_t correct = 0;  // argmax(logits) == label
 };
 
+// grad_scale: the optimizer steps use grad[i] * grad_scale as the gradient (fp32 product,
+// rounded once: what unscale_check would have stored); other than 1 only where
+// supports(Op::fused_unscale, grad.dtype).
 struct SgdConfig {
   float lr = 0.01f, momentum = 0.9f, weight_decay = 0.f;
   bool nesterov = false;
+  float grad_scale = 1.f;
 };
 
 struct AdamWConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
   int64_t step = 1;  // 1-based, for bias correction
+  float grad_scale = 1.f;
 };
 
 // Shape checks every backend makes before the ops below (internal errors naming both sides).
@@ -166,14 +174,17 @@ class Backend {
   virtual XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
                                   const Tensor* dlogits, float label_smoothing = 0.f) = 0;
   // out (fp32) = in * factor, fused with the non-finite check of the loss scaler; returns
-  // true when any element is inf or nan. out may alias in when both are fp32.
+  // true when any element is inf or nan. out may alias in when both are fp32. Where
+  // supports(Op::fused_unscale, in.dtype), out may be empty (no data): the check of
+  // in * factor alone, a read-only pass (the optimizer then applies factor as grad_scale).
   virtual bool unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
   virtual bool any_nonfinite(const Tensor& x) = 0;        // any inf/nan, any float dtype
   virtual double sum_squares(const Tensor& x) = 0;        // fp32 tensor, double accumulation
   virtual void scale(const Tensor& x, float factor) = 0;  // fp32, in place
 
   // Fused optimizer steps over flat fp32 buffers; when `work` is given (the compute-dtype
-  // working copy) it receives the new parameters in its dtype in the same pass.
+  // working copy) it receives the new parameters in its dtype in the same pass. grad is
+  // fp32, or of any float dtype where supports(Op::fused_unscale, grad.dtype).
   virtual void sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
                         const Tensor* momentum, const Tensor* work) = 0;
   virtual void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,

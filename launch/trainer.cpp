@@ -98,7 +98,7 @@ void Trainer::add_accumulated(size_t param) {
   backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
 }
 
-void Trainer::apply_update(int64_t step, double sum_sq) {
+void Trainer::apply_update(int64_t step, double sum_sq, float unscale) {
   if (cfg_.grad_clip > 0.f) {
     const Tensor g = shards_.empty() ? grad32_ : shard_grad();
     const double norm = std::sqrt(shards_.empty() ? backend_->sum_squares(grad32_) : sum_sq);
@@ -109,9 +109,10 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
   observers_.before(Phase::optimizer, step);
   // The schedule's position is the steps before this one; lr_ is the fp32 value applied.
   lr_ = double(float(schedule_->lr(step - 1)));
+  const float grad_scale = optimizer_unscales_ ? unscale : 1.f;
   if (shards_.empty()) {
-    optimizer_->step(*backend_, model_->master(), grad32_,
-                     cfg_.precision == DType::f32 ? nullptr : &work, float(lr_));
+    optimizer_->step(*backend_, model_->master(), optimizer_grad(),
+                     cfg_.precision == DType::f32 ? nullptr : &work, float(lr_), grad_scale);
     observers_.after(Phase::optimizer, step, t_opt, Clock::now());
     return;
   }
@@ -123,8 +124,8 @@ void Trainer::apply_update(int64_t step, double sum_sq) {
   const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
   const bool mixed = model_->masters_sharded();
   const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
-  const Tensor grad = shard_grad(), work_shard = work.slice(lo, {n});
-  optimizer_->begin_step(float(lr_));
+  const Tensor grad = optimizer_grad(), work_shard = work.slice(lo, {n});
+  optimizer_->begin_step(float(lr_), grad_scale);
   reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), fp32_counts_);
   observers_.before(Phase::gather, step);
   const auto& buckets = reducer_->buckets();
@@ -161,6 +162,11 @@ void Trainer::finish_weight_gather() {
 Trainer::Unscaled Trainer::unscale_and_check(float scale) {
   const float unscale = 1.f / (scale * float(comm_.size()) * float(grad_accum_));
   Unscaled u;
+  u.unscale = unscale;
+  if (optimizer_unscales_) {
+    u.nonfinite = backend_->unscale_check(optimizer_grad(), unscale, Tensor());
+    return u;
+  }
   if (shards_.empty()) {
     u.nonfinite = backend_->unscale_check(reducer_->result(), unscale, grad32_);
     return u;
@@ -217,7 +223,7 @@ Trainer::StepOutcome Trainer::step_once() {
   const bool veto = observers_.veto_update(comm_, step);         // --check-numerics (collective)
   const bool apply = scaler_->update(agreed.nonfinite || veto);  // the same on every rank
   if (apply)
-    apply_update(step, agreed.sum_sq);
+    apply_update(step, agreed.sum_sq, mine.unscale);
   else
     observers_.skipped(step);
   ++step_;

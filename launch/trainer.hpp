@@ -115,12 +115,15 @@ class Trainer {
   // model: logits [B, T, V]), and dlogits.
   kernels::XentResult loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
                                         const Tensor& dlogits);
-  // The sums (wire dtype) unscaled and averaged into the fp32 gradient in one pass (--zero 1:
-  // this rank's shard, with its squared norm when clipping). This rank's view, before the
-  // ranks agree.
+  // The sums (wire dtype) checked for inf/nan after the unscale (1 / (loss scale x ranks x
+  // micro-batches)); --zero 1: this rank's shard, with its squared norm when clipping. With
+  // optimizer_unscales_ a read-only pass, the optimizer multiplying as it reads the sums;
+  // else the sums unscaled into the fp32 gradient in the same pass. This rank's view, before
+  // the ranks agree.
   struct Unscaled {
     bool nonfinite = false;
     double sum_sq = 0;
+    float unscale = 1.f;
   };
   Unscaled unscale_and_check(float scale);
   // One small allreduce agrees on the loss and accuracy sums, a stop signal, a due save,
@@ -136,7 +139,11 @@ class Trainer {
   // optimizer at the schedule's lr; under --zero 1 on this rank's shard, bucket by bucket,
   // each bucket's working weights all-gathered while the next is updated and while the next
   // step's forward runs (the step returns with the all-gather in flight).
-  void apply_update(int64_t step, double sum_sq);
+  void apply_update(int64_t step, double sum_sq, float unscale);
+  // What the optimizer reads as the gradient: the wire sums (this rank's shard of them)
+  // with optimizer_unscales_, else the fp32 gradient (shard_grad()).
+  Tensor optimizer_grad() const;
+  DType wire_dtype() const;  // of the allreduce
   // --zero 1: this rank's shard of the fp32 gradient (the optimizer's index space).
   Tensor shard_grad() const;
   // --zero 1, the layer hook before node `node`: waits for the buckets of its parameters
@@ -189,7 +196,10 @@ class Trainer {
   MetricsWriter metrics_;
   Timeline timeline_;
   Buffer grad32_storage_;
-  Tensor grad32_;             // --zero 1 in fp16/bf16: only this rank's shard
+  Tensor grad32_;  // --zero 1 in fp16/bf16: only this rank's shard
+  // The optimizer reads the wire sums and unscales them itself (the backend supports it, and
+  // nothing else reads the fp32 gradient: no clipping, no gradient histograms).
+  bool optimizer_unscales_ = false;
   comm::ShardLayout shards_;  // --zero 1: the ranks' shards of the flat buffers
   // --zero 1: per node, the lowest bucket holding a parameter of it or of an earlier node
   // (the last one gathered that it needs; SIZE_MAX: none); per bucket and rank, the

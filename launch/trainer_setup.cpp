@@ -163,12 +163,21 @@ void Trainer::setup() {
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
-  // fp16/bf16: the fp32 gradient the optimizer reads (--zero 1: this rank's shard of it).
+  // The optimizer reads the allreduced sums and unscales them as it reads them when the
+  // backend can and nothing else reads the fp32 gradient (clipping scales it, histograms
+  // show it); the same choice on every rank.
+  optimizer_unscales_ = backend_->supports(kernels::Op::fused_unscale, wire_dtype()) &&
+                        cfg_.grad_clip <= 0.f &&
+                        !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty());
+  // Else in fp16/bf16: the fp32 gradient the optimizer reads (--zero 1: this rank's shard).
   const int64_t g32 = cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params();
-  grad32_storage_ = cfg_.precision == DType::f32 ? Buffer() : Buffer(size_t(g32) * 4);
-  grad32_ = cfg_.precision == DType::f32
-                ? model_->grad()
-                : Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device());
+  const bool own32 = cfg_.precision != DType::f32 && !optimizer_unscales_;
+  grad32_storage_ = own32 ? Buffer(size_t(g32) * 4) : Buffer();
+  grad32_ =
+      cfg_.precision == DType::f32
+          ? model_->grad()
+          : (own32 ? Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device())
+                   : Tensor());
   // cuda: host copies of what a checkpoint holds (--zero 1: this rank's shards of it).
   if (device_.kind == Device::cuda)
     host_ = shards_.empty() ? std::make_unique<HostMirror>(*model_, optimizer_.get())
@@ -228,6 +237,12 @@ void Trainer::set_decay_groups() {
   optimizer_->set_decay_ranges(std::move(ranges));
 }
 
+Tensor Trainer::optimizer_grad() const {
+  if (!optimizer_unscales_) return shard_grad();
+  if (shards_.empty()) return reducer_->result();
+  return reducer_->result().slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
+}
+
 Tensor Trainer::shard_grad() const {
   if (cfg_.precision != DType::f32) return grad32_;  // allocated as the shard
   return grad32_.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
@@ -246,7 +261,7 @@ Trainer::MemoryUse Trainer::memory_use() const {
   m.fp32_read = int64_t(model_->fp32_copy().bytes());
   m.optimizer = optimizer_->state_bytes();
   const DType wire = reducer_->result().dtype;
-  m.grads = p * es + (fp32 ? 0 : grad32_.numel() * 4) +
+  m.grads = p * es + int64_t(grad32_storage_.bytes()) +
             (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
   return m;
 }
@@ -284,9 +299,13 @@ std::string Trainer::memory_report() const {
                 b.gather_fp32 > 0 ? cat(" + fp32-read ", int64_t(b.gather_fp32), " B") : ""));
 }
 
+DType Trainer::wire_dtype() const {
+  return cfg_.wire_dtype_given ? cfg_.wire_dtype : cfg_.precision;
+}
+
 void Trainer::make_reducer() {
   comm::ReducerConfig rc;
-  rc.wire = cfg_.wire_dtype_given ? cfg_.wire_dtype : cfg_.precision;
+  rc.wire = wire_dtype();
   rc.bucket_bytes = int64_t(cfg_.bucket_mb * double(1 << 20));
   rc.first_bucket_bytes = std::min<int64_t>(rc.bucket_bytes, 1 << 20);
   rc.overlap = cfg_.overlap;

@@ -11,6 +11,15 @@ Optimizer::Optimizer(int64_t n, std::vector<std::string> names)
   for (size_t i = 0; i < names_.size(); ++i) state_.emplace_back(size_t(n) * 4);
 }
 
+void Optimizer::update(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                       const Tensor* work, int64_t lo, int64_t hi) {
+  RT_CHECK((grad.dtype == DType::f32 && grad_scale_ == 1.f) ||
+               be.supports(kernels::Op::fused_unscale, grad.dtype),
+           "the ", be.name(), " backend's optimizer steps take an fp32 gradient with scale 1, not ",
+           dtype_name(grad.dtype), " times ", grad_scale_);
+  update_ranges(be, master, grad, work, lo, hi);
+}
+
 void Optimizer::set_decay_ranges(std::vector<DecayRange> ranges) {
   // Neighbours with the same setting merge: one fused kernel call per group run.
   std::vector<DecayRange> merged;
@@ -36,15 +45,16 @@ class Sgd final : public Optimizer {
                                        : std::vector<std::string>{}),
         cfg_{c.lr, c.momentum, c.weight_decay, c.nesterov} {}
   const char* name() const override { return "sgd"; }
-  void begin_step(float lr) override {
+  void start_step(float lr) override {
     lr_ = lr;
     ++steps_;
   }
-  void update(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
-              int64_t lo, int64_t hi) override {
+  void update_ranges(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                     const Tensor* work, int64_t lo, int64_t hi) override {
     for_ranges(lo, hi, [&](int64_t off, int64_t count, bool decay) {
       kernels::SgdConfig c = cfg_;
       c.lr = lr_;
+      c.grad_scale = grad_scale_;
       if (!decay) c.weight_decay = 0.f;
       Tensor m = state_.empty() ? Tensor() : state(0).slice(off, {count});
       Tensor w = work ? work->slice(off, {count}) : Tensor();
@@ -64,14 +74,15 @@ class AdamW final : public Optimizer {
       : Optimizer(n, {"exp_avg", "exp_avg_sq"}), cfg_{c.lr,  c.beta1,        c.beta2,
                                                       c.eps, c.weight_decay, 1} {}
   const char* name() const override { return "adamw"; }
-  void begin_step(float lr) override {
+  void start_step(float lr) override {
     cfg_.lr = lr;
     cfg_.step = ++steps_;
   }
-  void update(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
-              int64_t lo, int64_t hi) override {
+  void update_ranges(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                     const Tensor* work, int64_t lo, int64_t hi) override {
     for_ranges(lo, hi, [&](int64_t off, int64_t count, bool decay) {
       kernels::AdamWConfig c = cfg_;
+      c.grad_scale = grad_scale_;
       if (!decay) c.weight_decay = 0.f;
       Tensor w = work ? work->slice(off, {count}) : Tensor();
       be.adamw_step(c, master.slice(off, {count}), grad.slice(off, {count}),

@@ -34,20 +34,25 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual const char* name() const = 0;
-  // One update of `master` from the fp32 gradient; `work` (if given) receives the new
-  // values in the compute dtype in the same pass.
+  // One update of `master` from the gradient grad * grad_scale; `work` (if given) receives
+  // the new values in the compute dtype in the same pass. grad is fp32 with grad_scale 1,
+  // or (the loss scaler's unscale folded into the optimizer's read of the allreduced
+  // gradient) of any float dtype with any scale where be.supports(Op::fused_unscale, dtype).
   void step(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
-            float lr) {
-    begin_step(lr);
+            float lr, float grad_scale = 1.f) {
+    begin_step(lr, grad_scale);
     update(be, master, grad, work, 0, n_);
   }
   // The same update in pieces (ZeRO-1 hands each piece's working weights to the all-gather
   // while the next is updated): begin_step once, then update() over ranges [lo, hi) that
   // cover [0, n) once each; the tensors span all n elements. The result does not depend on
   // the pieces: every element is updated on its own.
-  virtual void begin_step(float lr) = 0;
-  virtual void update(kernels::Backend& be, const Tensor& master, const Tensor& grad,
-                      const Tensor* work, int64_t lo, int64_t hi) = 0;
+  void begin_step(float lr, float grad_scale = 1.f) {
+    grad_scale_ = grad_scale;
+    start_step(lr);
+  }
+  void update(kernels::Backend& be, const Tensor& master, const Tensor& grad, const Tensor* work,
+              int64_t lo, int64_t hi);
   int64_t size() const { return n_; }
   // Bytes of optimizer state this optimizer holds.
   int64_t state_bytes() const { return int64_t(state_.size()) * n_ * 4; }
@@ -64,6 +69,10 @@ class Optimizer {
 
  protected:
   Optimizer(int64_t n, std::vector<std::string> names);
+  virtual void start_step(float lr) = 0;
+  // update() after its checks: one fused kernel call per decay range in [lo, hi).
+  virtual void update_ranges(kernels::Backend& be, const Tensor& master, const Tensor& grad,
+                             const Tensor* work, int64_t lo, int64_t hi) = 0;
   // f(offset, count, decay) for each decay range's part of [lo, hi), in order.
   template <typename F>
   void for_ranges(int64_t lo, int64_t hi, F f) const {
@@ -75,6 +84,7 @@ class Optimizer {
   std::vector<DecayRange> ranges_;
   int64_t n_;
   int64_t steps_ = 0;
+  float grad_scale_ = 1.f;  // this step's
   std::vector<std::string> names_;
   std::vector<Buffer> state_;
 };

@@ -19,6 +19,7 @@ CudaBackend::~CudaBackend() = default;
 
 bool CudaBackend::supports(Op op, DType dtype) const {
   if (!is_float(dtype) || dtype == DType::f64) return false;
+  if (op == Op::fused_unscale) return false;  // the optimizer kernels read fp32 gradients as is
   // Tensor-core fp16 needs compute capability 7.0, bf16 8.0 (cuBLAS and cuDNN refuse below).
   const int cc = rt_.info().cc_major * 10 + rt_.info().cc_minor;
   if (dtype == DType::f16 && cc < 70 && (op == Op::gemm || op == Op::conv2d)) return false;

@@ -1,6 +1,7 @@
 // Unit tests of the optimizers (nn/optimizer.hpp, kernels/cpu/cpu_optim.cpp) against a
 // double-precision transcription of PyTorch's SGD and AdamW, with and without a 16-bit
-// working copy; and of the gradient kernels unscale_check and sum_squares.
+// working copy; the loss scaler's unscale folded into the optimizer's gradient read (bitwise
+// the separate pass's result); and of the gradient kernels unscale_check and sum_squares.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -178,6 +179,108 @@ TEST(Optimizer, BadConfigsAreInputErrors) {
                           input));
 }
 
+// ---- the unscale in the optimizer's gradient read --------------------------------------
+
+// The fp32 update rules in float, in the kernels' order of operations (each one correctly
+// rounded: this file is compiled without FMA contraction, for baseline x86-64).
+void float_step(const OptimizerConfig& c, float lr, int64_t t, float g, float& p, float& s0,
+                float& s1) {
+  if (c.name == "sgd") {
+    const float d = g + c.weight_decay * p;
+    if (c.momentum == 0.f) {
+      p -= lr * d;
+    } else if (c.nesterov) {
+      s0 = c.momentum * s0 + d;
+      p -= lr * (d + c.momentum * s0);
+    } else {
+      s0 = c.momentum * s0 + d;
+      p -= lr * s0;
+    }
+    return;
+  }
+  const float bc1 = 1.f - float(std::pow(double(c.beta1), double(t)));
+  const float bc2 = 1.f - float(std::pow(double(c.beta2), double(t)));
+  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  const float decay = 1.f - lr * c.weight_decay;
+  s0 = c.beta1 * s0 + (1.f - c.beta1) * g;
+  s1 = c.beta2 * s1 + (1.f - c.beta2) * g * g;
+  p = p * decay - step_size * s0 / (std::sqrt(s1) / bc2_sqrt + c.eps);
+}
+
+// (case, gradient dtype, threads)
+class FusedUnscale : public ::testing::TestWithParam<std::tuple<OptCase, DType, int>> {};
+
+// Steps that read the summed gradient (any float dtype) times the unscale factor give the
+// bits of the separate pass (unscale_check into fp32, then the step with factor 1), and the
+// bits of the update rules in float: the vector kernels (AVX-512 where the CPU has it) do
+// exactly the source's operations, fused into none.
+TEST_P(FusedUnscale, BitwiseTheSeparatePassAndTheFloatRules) {
+  const auto& [oc, grad_dt, threads] = GetParam();
+  constexpr int64_t n = 40'003;
+  const float factor = 1.f / (3.f * 1024.f);  // inexact: every product is rounded
+  auto be = kernels::make_cpu_backend(threads);
+  auto fused = make_optimizer(oc.cfg, n), separate = make_optimizer(oc.cfg, n);
+  const std::vector<float> p0 = uniform_floats(size_t(n), -1.f, 1.f, 62);
+  std::vector<float> pf = p0, ps = p0, pr = p0;
+  const auto count = static_cast<size_t>(n);
+  std::vector<float> r0(count), r1(count);
+  std::vector<uint16_t> wf(count), ws(count);
+  const Tensor work_f(wf.data(), {n}, DType::bf16), work_s(ws.data(), {n}, DType::bf16);
+  for (int s = 0; s < 3; ++s) {
+    SCOPED_TRACE(testing::Message() << "step " << s + 1);
+    // The sums as the allreduce leaves them: scaled up, in the wire dtype.
+    std::vector<float> g32 = uniform_floats(size_t(n), -3000.f, 3000.f, 90 + uint32_t(s));
+    std::vector<uint16_t> g16(count);
+    if (grad_dt != DType::f32)
+      for (int64_t i = 0; i < n; ++i) g16[size_t(i)] = narrow(g32[size_t(i)], grad_dt);
+    const Tensor sums(grad_dt == DType::f32 ? static_cast<void*>(g32.data()) : g16.data(), {n},
+                      grad_dt);
+    const float lr = oc.cfg.lr * (1.f - 0.1f * float(s));
+    ASSERT_FALSE(be->unscale_check(sums, factor, Tensor()));
+    fused->step(*be, Tensor(pf.data(), {n}, DType::f32), sums, &work_f, lr, factor);
+    std::vector<float> unscaled(count);
+    ASSERT_FALSE(be->unscale_check(sums, factor, Tensor(unscaled.data(), {n}, DType::f32)));
+    separate->step(*be, Tensor(ps.data(), {n}, DType::f32),
+                   Tensor(unscaled.data(), {n}, DType::f32), &work_s, lr);
+    for (int64_t i = 0; i < n; ++i)
+      float_step(oc.cfg, lr, s + 1, unscaled[size_t(i)], pr[size_t(i)], r0[size_t(i)],
+                 r1[size_t(i)]);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(pf[size_t(i)]), std::bit_cast<uint32_t>(ps[size_t(i)]))
+          << "param at index " << i << ": fused " << pf[size_t(i)] << ", separate "
+          << ps[size_t(i)];
+      ASSERT_EQ(std::bit_cast<uint32_t>(pf[size_t(i)]), std::bit_cast<uint32_t>(pr[size_t(i)]))
+          << "param at index " << i << ": kernel " << pf[size_t(i)] << ", float rules "
+          << pr[size_t(i)];
+    }
+    ASSERT_EQ(wf, ws) << "working copies differ";
+    for (size_t k = 0; k < fused->state_names().size(); ++k) {
+      const float* a = fused->state(k).as<float>();
+      const float* b = separate->state(k).as<float>();
+      const std::vector<float>& r = k == 0 ? r0 : r1;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i]))
+            << fused->state_names()[k] << " at index " << i;
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(r[size_t(i)]))
+            << fused->state_names()[k] << " at index " << i << " against the float rules";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FusedUnscale,
+    ::testing::Combine(::testing::Values(sgd_case("sgd_plain_wd", 0.f, false, 0.05f),
+                                         sgd_case("sgd_momentum_wd", 0.9f, false, 0.05f),
+                                         sgd_case("sgd_nesterov_wd", 0.9f, true, 0.05f),
+                                         adamw_case("adamw_wd", 0.1f)),
+                       ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                       ::testing::Values(1, 2)),
+    [](const auto& info) {
+      return std::get<0>(info.param).label + "_grad_" + dtype_name(std::get<1>(info.param)) +
+             "_threads" + std::to_string(std::get<2>(info.param));
+    });
+
 // ---- unscale_check ---------------------------------------------------------------------
 
 class UnscaleCheck : public ::testing::TestWithParam<std::tuple<DType, int>> {};
@@ -215,10 +318,12 @@ TEST_P(UnscaleCheck, ScalesAndFindsNonFinite) {
     in32[size_t(at)] = bad;
     in16[size_t(at)] = kind == 2 ? nan16 : uint16_t(inf16 | (kind == 1 ? 0x8000u : 0u));
     EXPECT_TRUE(be->unscale_check(in, factor, out_t)) << "non-finite at index " << at;
+    EXPECT_TRUE(be->unscale_check(in, factor, Tensor())) << "check only, index " << at;
     in32[size_t(at)] = keep32;
     in16[size_t(at)] = keep16;
   }
   EXPECT_FALSE(be->unscale_check(in, factor, out_t));
+  EXPECT_FALSE(be->unscale_check(in, factor, Tensor()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, UnscaleCheck,
@@ -235,7 +340,11 @@ TEST(UnscaleCheck, InPlaceAndOverflowByFactor) {
   const Tensor t(v.data(), {5}, DType::f32);
   EXPECT_FALSE(be->unscale_check(t, 0.5f, t));
   EXPECT_EQ(v, (std::vector<float>{0.5f, -1.f, 1.5e38f, 2.f, 2.5f}));
-  // Finite inputs whose product overflows count as non-finite too.
+  // Finite inputs whose product overflows count as non-finite too, in the read-only check
+  // (which writes nothing) as in the pass that writes.
+  EXPECT_FALSE(be->unscale_check(t, 2.f, Tensor()));
+  EXPECT_TRUE(be->unscale_check(t, 4.f, Tensor()));
+  EXPECT_EQ(v, (std::vector<float>{0.5f, -1.f, 1.5e38f, 2.f, 2.5f}));
   EXPECT_TRUE(be->unscale_check(t, 4.f, t));
   EXPECT_TRUE(std::isinf(v[2]));
 }
