@@ -3,8 +3,9 @@
 // windows, one process per rank under mpirun, the gradient summed over the ranks with one
 // MPI allreduce per step (in the compute dtype, as the Trainer's reducer sends it) and
 // averaged. Each step: forward through the graph executor, the fused token cross-entropy,
-// backward, allreduce, the fused average + non-finite check into fp32 (the Trainer's
-// unscale), AdamW on the fp32 masters (writing the 16-bit working copy). Rank 0
+// backward, allreduce, the read-only non-finite check of the average (the Trainer's unscale),
+// AdamW on the fp32 masters reading the sums times 1/ranks (writing the 16-bit working
+// copy). Rank 0
 // prints the median tokens/s (all ranks) over windows of --window steps after --warmup
 // steps, and with --json writes it as one JSON object.
 //
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
     for (auto& t : y) t = tok(gen);
     const rt::Tensor tokens(x.data(), {a.batch, a.seq}, rt::DType::i32);
     const rt::Tensor targets(y.data(), {a.batch, a.seq}, rt::DType::i32);
-    rt::OwnedTensor dlogits, grad32;
+    rt::OwnedTensor dlogits;
     rt::Tensor work = model->work();
     rt::Context ctx{*be, a.precision, true, 0};
     double loss = 0;
@@ -139,12 +140,13 @@ int main(int argc, char** argv) {
       model->backward(ctx, d);
       rt::Tensor g = model->grad();
       comm.allreduce(g.data, g.numel(), g.dtype, rt::comm::ReduceOp::sum);
-      // Averaged into fp32 with the non-finite check in one pass, as the Trainer's loss
-      // scaler does (launch/trainer.cpp, unscale_and_check).
-      rt::Tensor g32 = grad32.ensure({model->num_params()}, rt::DType::f32);
-      RT_REQUIRE(!be->unscale_check(g, 1.f / float(comm.size()), g32),
-                 "non-finite gradients at loss ", loss);
-      opt->step(*be, model->master(), g32, a.precision == rt::DType::f32 ? nullptr : &work, oc.lr);
+      // As the Trainer does (launch/trainer.cpp, unscale_and_check): a read-only non-finite
+      // check of the average, which AdamW takes as it reads the sums.
+      const float average = 1.f / float(comm.size());
+      RT_REQUIRE(!be->unscale_check(g, average, rt::Tensor()), "non-finite gradients at loss ",
+                 loss);
+      opt->step(*be, model->master(), g, a.precision == rt::DType::f32 ? nullptr : &work, oc.lr,
+                average);
     };
     for (int64_t i = 0; i < a.warmup; ++i) step();
     std::vector<double> rates, cpu_ms;

@@ -238,7 +238,7 @@ void Trainer::set_decay_groups() {
 }
 
 Tensor Trainer::optimizer_grad() const {
-  if (!optimizer_unscales_) return shard_grad();
+  if (!optimizer_unscales_) return shards_.empty() ? grad32_ : shard_grad();
   if (shards_.empty()) return reducer_->result();
   return reducer_->result().slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
 }
