@@ -356,58 +356,6 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
   return res;
 }
 
-bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out) {
-  const bool check_only = out.data == nullptr;  // the optimizer applies the factor
-  RT_CHECK(check_only || (out.dtype == DType::f32 && in.numel() == out.numel()),
-           "unscale_check into ", dtype_name(out.dtype), " of ", out.numel(), " from ", in.numel());
-  const int64_t n = in.numel();
-  float* po = check_only ? nullptr : out.as<float>();
-  int bad = 0;
-  // fp32 and bf16 (which widens by a shift) in loops that vectorise; the test of
-  // std::isfinite on the bits: inf or nan has all exponent bits set.
-  const auto scale_and_check = [&](auto load) {
-    parallel_chunks(n, threads_, [&](int64_t lo, int64_t hi) {
-      uint32_t any = 0;
-      if (po) {
-#pragma omp simd reduction(| : any)
-        for (int64_t i = lo; i < hi; ++i) {
-          const float v = load(i) * factor;
-          any |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
-          po[i] = v;
-        }
-      } else {
-#pragma omp simd reduction(| : any)
-        for (int64_t i = lo; i < hi; ++i)
-          any |= uint32_t((std::bit_cast<uint32_t>(load(i) * factor) & 0x7f800000u) == 0x7f800000u);
-      }
-      if (any) {
-#pragma omp atomic write
-        bad = 1;
-      }
-    });
-    return bad != 0;
-  };
-  if (in.dtype == DType::bf16) {
-    const auto* pi = in.as<uint16_t>();
-    return scale_and_check([pi](int64_t i) { return std::bit_cast<float>(uint32_t(pi[i]) << 16); });
-  }
-  if (in.dtype == DType::f32) {
-    const float* pi = in.as<float>();
-    return scale_and_check([pi](int64_t i) { return pi[i]; });
-  }
-  dispatch_float(in.dtype, [&](auto X) {
-    using E = decltype(X);
-    const auto* pi = in.as<typename E::storage>();
-#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) reduction(| : bad)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = E::load(pi[i]) * factor;
-      bad |= !std::isfinite(v);
-      if (po) po[i] = v;
-    }
-  });
-  return bad != 0;
-}
-
 bool CpuBackend::any_nonfinite(const Tensor& x) {
   const int64_t n = x.numel();
   int bad = 0;
