@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <tuple>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
@@ -20,10 +19,6 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 constexpr int64_t kBlock = 1024;  // elements widened at a time
-
-// Whether a kernel instantiated for T has its dtypes fixed at compile time.
-template <DType T>
-constexpr bool fixed = T == DType::f32 || T == DType::f16 || T == DType::bf16;
 
 RT_INLINE void gelu_tanh_body(const float* x, float* y, int64_t n) {
 #pragma omp simd
@@ -55,7 +50,7 @@ void gelu_tanh_grad_base(const float* x, const float* dy, float* dx, int64_t n) 
 // float dtypes when T is not a float dtype (the dtype tests then stay inside the loop).
 template <DType T>
 RT_AVX512_TARGET void gelu_tanh_avx512(const Tensor& x, const Tensor& y, int64_t lo, int64_t hi) {
-  const DType tx = fixed<T> ? T : x.dtype, ty = fixed<T> ? T : y.dtype;
+  const DType tx = v512::dtype<T>(x), ty = v512::dtype<T>(y);
   const __m512 k1 = _mm512_set1_ps(2.f * kSqrt2OverPi);
   const __m512 k3 = _mm512_set1_ps(2.f * kSqrt2OverPi * kCubic);
   for (int64_t i = lo; i < hi; i += 16) {
@@ -70,8 +65,7 @@ RT_AVX512_TARGET void gelu_tanh_avx512(const Tensor& x, const Tensor& y, int64_t
 template <DType T>
 RT_AVX512_TARGET void gelu_tanh_grad_avx512(const Tensor& x, const Tensor& dy, const Tensor& dx,
                                             int64_t lo, int64_t hi) {
-  const DType tx = fixed<T> ? T : x.dtype, td = fixed<T> ? T : dy.dtype;
-  const DType to = fixed<T> ? T : dx.dtype;
+  const DType tx = v512::dtype<T>(x), td = v512::dtype<T>(dy), to = v512::dtype<T>(dx);
   const __m512 k1 = _mm512_set1_ps(2.f * kSqrt2OverPi);
   const __m512 k3 = _mm512_set1_ps(2.f * kSqrt2OverPi * kCubic);
   const __m512 k3d = _mm512_set1_ps(6.f * kSqrt2OverPi * kCubic);  // d(2u)/dv = k1 + k3d v^2
@@ -88,20 +82,6 @@ RT_AVX512_TARGET void gelu_tanh_grad_avx512(const Tensor& x, const Tensor& dy, c
   }
 }
 
-// kernel<T>(lo, hi) over [0, n) on `threads` threads, T the dtype all `ts` share (else i32:
-// the kernel's generic instantiation).
-template <template <DType> class K, typename... Ts>
-void run_avx512(int64_t n, int threads, const Ts&... ts) {
-  const DType t0 = std::get<0>(std::tie(ts...)).dtype;
-  const bool same = ((ts.dtype == t0) && ...);
-  const auto go = [&](auto kernel) {
-    parallel_chunks(n, threads, [&](int64_t lo, int64_t hi) { kernel(ts..., lo, hi); });
-  };
-  if (same && t0 == DType::f32) return go(K<DType::f32>{});
-  if (same && t0 == DType::bf16) return go(K<DType::bf16>{});
-  if (same && t0 == DType::f16) return go(K<DType::f16>{});
-  go(K<DType::i32>{});
-}
 template <DType T>
 struct GeluAvx512 {
   void operator()(const Tensor& x, const Tensor& y, int64_t lo, int64_t hi) const {
@@ -134,7 +114,7 @@ void commit_span(const Tensor& t, int64_t lo, int64_t n, const float* buf) {
 
 void CpuBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
   RT_CHECK(x.numel() == y.numel(), "gelu_tanh of ", x.numel(), " elements into ", y.numel());
-  if (use_avx512()) return run_avx512<GeluAvx512>(x.numel(), threads_, x, y);
+  if (use_avx512()) return v512::run<GeluAvx512>(x.numel(), threads_, x, y);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
     float xb[kBlock], yb[kBlock];
     for (int64_t b = lo; b < hi; b += kBlock) {
@@ -149,7 +129,7 @@ void CpuBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
 
 void CpuBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_tanh_backward sizes differ");
-  if (use_avx512()) return run_avx512<GeluGradAvx512>(x.numel(), threads_, x, dy, dx);
+  if (use_avx512()) return v512::run<GeluGradAvx512>(x.numel(), threads_, x, dy, dx);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
     float xb[kBlock], db[kBlock], ob[kBlock];
     for (int64_t b = lo; b < hi; b += kBlock) {

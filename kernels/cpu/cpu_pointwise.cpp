@@ -1,5 +1,6 @@
 // CPU elementwise ops of the layers: GELU (exact, erf) and its gradient, dropout with
-// counter-based masks, and the add of residual connections and gradient sums.
+// counter-based masks, and the add of residual connections and gradient sums (with AVX-512
+// one pass over any float dtypes, 16-bit operands widened and the sum rounded in registers).
 #include <omp.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
+#include "kernels/cpu/vec512.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -115,6 +117,24 @@ void dropout_apply(const S* in, const uint8_t* mask, float scale, int64_t begin,
     dropout_apply_base<E>(in, mask, scale, begin, end, out);
 }
 
+// y[lo, hi) = a + b in fp32, rounded once to y's dtype; y may alias a or b.
+template <DType T>
+RT_AVX512_TARGET void add_avx512(const Tensor& a, const Tensor& b, const Tensor& y, int64_t lo,
+                                 int64_t hi) {
+  const DType ta = v512::dtype<T>(a), tb = v512::dtype<T>(b), ty = v512::dtype<T>(y);
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = v512::tail_mask(i, hi);
+    v512::store(y.data, ty, i, m,
+                _mm512_add_ps(v512::load(a.data, ta, i, m), v512::load(b.data, tb, i, m)));
+  }
+}
+template <DType T>
+struct AddAvx512 {
+  void operator()(const Tensor& a, const Tensor& b, const Tensor& y, int64_t lo, int64_t hi) const {
+    add_avx512<T>(a, b, y, lo, hi);
+  }
+};
+
 }  // namespace
 
 void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
@@ -160,6 +180,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   RT_CHECK(a.numel() == b.numel() && b.numel() == y.numel(), "add of ", a.numel(), " and ",
            b.numel(), " elements into ", y.numel());
   const int64_t n = a.numel();
+  if (use_avx512()) return v512::run<AddAvx512>(n, threads_, a, b, y);
   if (a.dtype != DType::f32 || b.dtype != DType::f32 || y.dtype != DType::f32) {
     // 16-bit operands widened and the sums rounded by the vector casts, a block at a time.
     constexpr int64_t kBlock = 1024;

@@ -9,8 +9,10 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <tuple>
 
-#include "core/dtype.hpp"
+#include "core/tensor.hpp"
+#include "kernels/cpu/elem.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
@@ -84,6 +86,31 @@ RT_V512 __m512 sigmoid(__m512 t) {
 }
 
 #undef RT_V512
+
+// A kernel template K<T> instantiated for each float dtype T (all its tensors of dtype T,
+// known at compile time) and for DType::i32 (any mix of float dtypes, tested in the loop):
+// dtype<T>(t) is the dtype a kernel uses for tensor t.
+template <DType T>
+constexpr bool fixed = T == DType::f32 || T == DType::f16 || T == DType::bf16;
+template <DType T>
+DType dtype(const Tensor& t) {
+  return fixed<T> ? T : t.dtype;
+}
+
+// K<T>{}(ts..., lo, hi) over [0, n) on `threads` threads, T the dtype all `ts` share, or
+// the generic instantiation when they differ.
+template <template <DType> class K, typename... Ts>
+void run(int64_t n, int threads, const Ts&... ts) {
+  const DType t0 = std::get<0>(std::tie(ts...)).dtype;
+  const bool same = ((ts.dtype == t0) && ...);
+  const auto go = [&](auto kernel) {
+    parallel_chunks(n, threads, [&](int64_t lo, int64_t hi) { kernel(ts..., lo, hi); });
+  };
+  if (same && t0 == DType::f32) return go(K<DType::f32>{});
+  if (same && t0 == DType::bf16) return go(K<DType::bf16>{});
+  if (same && t0 == DType::f16) return go(K<DType::f16>{});
+  go(K<DType::i32>{});
+}
 
 }  // namespace ringtrain::kernels::cpu::v512
 

@@ -468,6 +468,36 @@ TEST(GeluTanh, MatchesDoubleOverRangeAndLimits) {
   EXPECT_EQ(lg[5], 0.5f);
 }
 
+// ---- residual add ----------------------------------------------------------------------
+
+// Any mix of float dtypes: the fp32 sum of the (widened) operands, rounded once to the
+// output's dtype; in place too; 1 and 2 threads (more than one parallel chunk).
+TEST(Add, EveryDtypeMixIsTheFp32SumRoundedOnce) {
+  const int64_t n = 40'003;  // a masked tail
+  const auto av = uniform_floats(size_t(n), -3.f, 3.f, 111);
+  const auto bv = uniform_floats(size_t(n), -3.f, 3.f, 112);
+  auto one = backend(), two = backend(2);
+  const DType dts[] = {DType::f32, DType::bf16, DType::f16};
+  for (DType ta : dts)
+    for (DType tb : dts)
+      for (DType ty : dts) {
+        const auto ar = rounded(av, ta), br = rounded(bv, tb);
+        std::vector<float> want(ar.size());
+        for (size_t i = 0; i < want.size(); ++i) want[i] = ar[i] + br[i];
+        want = rounded(want, ty);
+        Host ha({n}, ta, ar), hb({n}, tb, br), hy({n}, ty), hy2({n}, ty);
+        one->add(ha.t(), hb.t(), hy.t());
+        two->add(ha.t(), hb.t(), hy2.t());
+        const std::string what = cat(dtype_name(ta), " + ", dtype_name(tb), " -> ", dtype_name(ty));
+        ASSERT_EQ(hy.get(), want) << what;
+        ASSERT_EQ(hy2.get(), want) << what << ", 2 threads";
+        if (ta == ty) {
+          one->add(ha.t(), hb.t(), ha.t());
+          ASSERT_EQ(ha.get(), want) << what << " in place";
+        }
+      }
+}
+
 // ---- embedding ------------------------------------------------------------------------------
 
 TEST(Embedding, GatherScatterAddAndThreads) {
