@@ -48,7 +48,7 @@ void gelu_tanh_grad_base(const float* x, const float* dy, float* dx, int64_t n) 
 
 // Elements [lo, hi) of y = gelu(x), 16 lanes at a time. All tensors of dtype T, or of any
 // float dtypes when T is not a float dtype (the dtype tests then stay inside the loop).
-template <DType T>
+template <DType T, bool kNative>
 RT_AVX512_TARGET void gelu_tanh_avx512(const Tensor& x, const Tensor& y, int64_t lo, int64_t hi) {
   const DType tx = v512::dtype<T>(x), ty = v512::dtype<T>(y);
   const __m512 k1 = _mm512_set1_ps(2.f * kSqrt2OverPi);
@@ -57,12 +57,12 @@ RT_AVX512_TARGET void gelu_tanh_avx512(const Tensor& x, const Tensor& y, int64_t
     const __mmask16 m = v512::tail_mask(i, hi);
     const __m512 v = v512::load(x.data, tx, i, m);
     const __m512 t = _mm512_mul_ps(v, _mm512_fmadd_ps(_mm512_mul_ps(v, v), k3, k1));  // 2u
-    v512::store(y.data, ty, i, m, _mm512_mul_ps(v, v512::sigmoid(t)));
+    v512::store<kNative>(y.data, ty, i, m, _mm512_mul_ps(v, v512::sigmoid(t)));
   }
 }
 
 // Elements [lo, hi) of dx = dy * gelu'(x); dx may alias dy. T as above.
-template <DType T>
+template <DType T, bool kNative>
 RT_AVX512_TARGET void gelu_tanh_grad_avx512(const Tensor& x, const Tensor& dy, const Tensor& dx,
                                             int64_t lo, int64_t hi) {
   const DType tx = v512::dtype<T>(x), td = v512::dtype<T>(dy), to = v512::dtype<T>(dx);
@@ -78,21 +78,21 @@ RT_AVX512_TARGET void gelu_tanh_grad_avx512(const Tensor& x, const Tensor& dy, c
     const __m512 ds = _mm512_fnmadd_ps(s, s, s);
     const __m512 g = _mm512_fmadd_ps(ds, _mm512_mul_ps(v, _mm512_fmadd_ps(v2, k3d, k1)), s);
     const __m512 d = v512::load(dy.data, td, i, m);
-    v512::store(dx.data, to, i, m, _mm512_mul_ps(d, g));
+    v512::store<kNative>(dx.data, to, i, m, _mm512_mul_ps(d, g));
   }
 }
 
-template <DType T>
+template <DType T, bool kNative>
 struct GeluAvx512 {
   void operator()(const Tensor& x, const Tensor& y, int64_t lo, int64_t hi) const {
-    gelu_tanh_avx512<T>(x, y, lo, hi);
+    gelu_tanh_avx512<T, kNative>(x, y, lo, hi);
   }
 };
-template <DType T>
+template <DType T, bool kNative>
 struct GeluGradAvx512 {
   void operator()(const Tensor& x, const Tensor& dy, const Tensor& dx, int64_t lo,
                   int64_t hi) const {
-    gelu_tanh_grad_avx512<T>(x, dy, dx, lo, hi);
+    gelu_tanh_grad_avx512<T, kNative>(x, dy, dx, lo, hi);
   }
 };
 

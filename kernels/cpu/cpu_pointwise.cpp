@@ -118,20 +118,20 @@ void dropout_apply(const S* in, const uint8_t* mask, float scale, int64_t begin,
 }
 
 // y[lo, hi) = a + b in fp32, rounded once to y's dtype; y may alias a or b.
-template <DType T>
+template <DType T, bool kNative>
 RT_AVX512_TARGET void add_avx512(const Tensor& a, const Tensor& b, const Tensor& y, int64_t lo,
                                  int64_t hi) {
   const DType ta = v512::dtype<T>(a), tb = v512::dtype<T>(b), ty = v512::dtype<T>(y);
   for (int64_t i = lo; i < hi; i += 16) {
     const __mmask16 m = v512::tail_mask(i, hi);
-    v512::store(y.data, ty, i, m,
-                _mm512_add_ps(v512::load(a.data, ta, i, m), v512::load(b.data, tb, i, m)));
+    v512::store<kNative>(y.data, ty, i, m,
+                         _mm512_add_ps(v512::load(a.data, ta, i, m), v512::load(b.data, tb, i, m)));
   }
 }
-template <DType T>
+template <DType T, bool kNative>
 struct AddAvx512 {
   void operator()(const Tensor& a, const Tensor& b, const Tensor& y, int64_t lo, int64_t hi) const {
-    add_avx512<T>(a, b, y, lo, hi);
+    add_avx512<T, kNative>(a, b, y, lo, hi);
   }
 };
 

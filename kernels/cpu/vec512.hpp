@@ -32,12 +32,27 @@ RT_V512 __m512 load(const void* p, DType t, int64_t i, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16: exact
 }
 
+// True when the CPU has AVX512-BF16 too (VCVTNEPS2BF16) besides use_avx512().
+inline bool use_avx512_bf16() {
+  static const bool yes = use_avx512() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
 // Stores the lanes in `m` of v to [i, i + 16) of p (dtype t), rounded as the scalar
-// float_to_half / float_to_bf16 round.
+// float_to_half / float_to_bf16 round. kNativeBf16 (only where use_avx512_bf16()): bf16 by
+// VCVTNEPS2BF16, one instruction for the integer rounding's ten, unless a lane is a
+// denormal, which it would read as zero. Written as inline assembly so that the kernels
+// calling this need no AVX512-BF16 target of their own (their other instantiation must
+// run on AVX-512 CPUs without it).
+template <bool kNativeBf16 = false>
 RT_V512 void store(void* p, DType t, int64_t i, __mmask16 m, __m512 v) {
   if (t == DType::f32) return _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, v);
   __m256i h;
-  if (t == DType::f16) {
+  if (kNativeBf16 && t == DType::bf16 &&
+      !(_mm512_mask_testn_epi32_mask(m, _mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000)) &
+        _mm512_test_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(0x007fffff)))) {
+    asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(v));
+  } else if (t == DType::f16) {
     h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
   } else {  // bf16: nearest, ties to even, in integer arithmetic (exact for denormals too)
     const __m512i x = _mm512_castps_si512(v);
@@ -97,19 +112,22 @@ DType dtype(const Tensor& t) {
   return fixed<T> ? T : t.dtype;
 }
 
-// K<T>{}(ts..., lo, hi) over [0, n) on `threads` threads, T the dtype all `ts` share, or
-// the generic instantiation when they differ.
-template <template <DType> class K, typename... Ts>
+// K<T, kNativeBf16>{}(ts..., lo, hi) over [0, n) on `threads` threads, T the dtype all `ts`
+// share, or the generic instantiation when they differ; kNativeBf16 (for store()) where the
+// CPU has it and a tensor may be bf16.
+template <template <DType, bool> class K, typename... Ts>
 void run(int64_t n, int threads, const Ts&... ts) {
   const DType t0 = std::get<0>(std::tie(ts...)).dtype;
   const bool same = ((ts.dtype == t0) && ...);
   const auto go = [&](auto kernel) {
     parallel_chunks(n, threads, [&](int64_t lo, int64_t hi) { kernel(ts..., lo, hi); });
   };
-  if (same && t0 == DType::f32) return go(K<DType::f32>{});
-  if (same && t0 == DType::bf16) return go(K<DType::bf16>{});
-  if (same && t0 == DType::f16) return go(K<DType::f16>{});
-  go(K<DType::i32>{});
+  const bool native = use_avx512_bf16();
+  if (same && t0 == DType::f32) return go(K<DType::f32, false>{});
+  if (same && t0 == DType::bf16)
+    return native ? go(K<DType::bf16, true>{}) : go(K<DType::bf16, false>{});
+  if (same && t0 == DType::f16) return go(K<DType::f16, false>{});
+  native ? go(K<DType::i32, true>{}) : go(K<DType::i32, false>{});
 }
 
 }  // namespace ringtrain::kernels::cpu::v512
