@@ -48,9 +48,7 @@ template <bool kNativeBf16 = false>
 RT_V512 void store(void* p, DType t, int64_t i, __mmask16 m, __m512 v) {
   if (t == DType::f32) return _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, v);
   __m256i h;
-  if (kNativeBf16 && t == DType::bf16 &&
-      !(_mm512_mask_testn_epi32_mask(m, _mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000)) &
-        _mm512_test_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(0x007fffff)))) {
+  if (kNativeBf16 && t == DType::bf16 && !_mm512_mask_fpclass_ps_mask(m, v, 0x20)) {  // denormal
     asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(v));
   } else if (t == DType::f16) {
     h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
