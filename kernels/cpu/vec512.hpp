@@ -1,5 +1,5 @@
-// AVX-512 building blocks for the CPU's one-pass pointwise kernels (GELU, the optimizer's
-// gradient read): 16 lanes of any float dtype loaded as fp32 and stored back with the
+// AVX-512 building blocks for the CPU's one-pass pointwise kernels (GELU, add, the loss
+// scaler's unscale_check): 16 lanes of any float dtype loaded as fp32 and stored back with the
 // scalar code's rounding (core/dtype.hpp: nearest-even, nan quieted), so a 16-bit tensor is
 // widened and rounded in registers instead of in a separate pass over a block; and
 // e^x / sigmoid for fp32 lanes. Only for functions compiled with RT_AVX512_TARGET
