@@ -179,8 +179,11 @@ write_summary() {
       echo
       echo "## gpu_bench"
       echo
+      # Which attention ran in the GPT rows (cuDNN's fused attention or our kernel).
+      grep '^attention path: ' "$logs/gpu_bench.log" | sed 's/$/  /' || true
+      echo
       echo '```'
-      sed -n '/^gpu_bench on /,$p' "$logs/gpu_bench.log" | sed '/^wrote /d' | sed -n 1,80p
+      sed -n '/^gpu_bench on /,$p' "$logs/gpu_bench.log" | sed '/^wrote /d' | sed -n 1,110p
       echo '```'
     fi
     for ((i = 0; i < n; i++)); do

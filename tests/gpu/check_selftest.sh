@@ -92,8 +92,8 @@ if [[ -n $cuda_build ]]; then
   for f in bin/gpu_tests bin/gpu_bench tests.tsv manifest.txt lib/libdnnl.so.2 lib/libprotobuf.so.32; do
     grep -qx "$f" <<<"$listing" || fail "the bundle has no $f"
   done
-  if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|c|stdc\+\+)\.so' <<<"$listing"; then
-    fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|c\.|stdc)' <<<"$listing")"
+  if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|nvrtc|c|stdc\+\+)\.so' <<<"$listing"; then
+    fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|nvrtc|c\.|stdc)' <<<"$listing")"
   fi
   # The closure: with the bundle's lib/ first, every library the programs load comes from the
   # bundle, except the CUDA libraries and the C/C++ runtime, which the GPU machine has.
@@ -102,7 +102,7 @@ if [[ -n $cuda_build ]]; then
   for prog in gpu_tests gpu_bench; do
     outside="$(LD_LIBRARY_PATH="$dir/unpacked/lib" ldd "$dir/unpacked/bin/$prog" |
       awk '$2 == "=>" {print $1}' | grep -vxFf <(ls "$dir/unpacked/lib") |
-      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
+      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|nvrtc|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
     [[ -z $outside ]] || fail "$prog loads libraries the bundle lacks: $outside"
   done
   rc=0

@@ -1,8 +1,9 @@
 // The CUDA backend's transformer ops (kernels/cuda/transformer.cu) against the CPU reference
 // on the same inputs, for fp32, fp16 and bf16 and for one token, a short sequence and one
 // longer than the CPU kernel's tile and not a multiple of the CUDA kernel's 32 keys per
-// step: embedding, layer norm, causal attention (forward, log-sum-exp, backward, at several
-// head sizes; above the kernel's limit refused), GELU (tanh) and the fused token
+// step: embedding, layer norm, causal attention (our kernel under
+// RINGTRAIN_CUDA_ATTENTION=kernel: forward, log-sum-exp, backward, at several head sizes;
+// above the kernel's limit refused), GELU (tanh) and the fused token
 // cross-entropy over a padded vocabulary. Skipped, visibly, without a CUDA device.
 #include <tuple>
 
@@ -89,6 +90,8 @@ TEST_P(TransformerOpTest, AttentionRejectsHeadsAboveTheKernelsLimit) {
 }
 
 void TransformerOpTest::check_attention(int64_t b, int64_t t, int64_t heads, int64_t hs) {
+  // Our kernel at every dtype (test_cudnn_attention.cpp tests cuDNN's).
+  ScopedEnv env("RINGTRAIN_CUDA_ATTENTION", "kernel");
   const int64_t c = heads * hs;
   Pair qkv = make_pair({b, t, 3 * c}, dt(), uniform(b * t * 3 * c, -1.5f, 1.5f, 9));
   Pair out = make_pair({b, t, c}, dt()), lse = make_pair({b, heads, t}, DType::f32);

@@ -1,0 +1,139 @@
+// cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp) against the CPU reference and
+// against ringtrain's own CUDA kernel on the same inputs: forward (output and log-sum-exp,
+// which the backward reads back) and backward, fp16 and bf16, head sizes 32, 64 and 128,
+// T = 1, 5, 131 and 1024, several B x heads. Each case checks from attention_calls() that
+// the path asked for is the one that ran. RINGTRAIN_CUDA_ATTENTION is honoured: `kernel`
+// never calls cuDNN, fp32 runs the kernel under `cudnn`, a value outside auto|cudnn|kernel
+// and a head size cuDNN refuses under `cudnn` are errors naming the setting. Skipped,
+// visibly, without a CUDA device; fails where the build has no cudnn-frontend.
+#include <tuple>
+
+#include "kernels/cuda/cudnn_attention.hpp"
+#include "tests/gpu/gpu_util.hpp"
+
+namespace ringtrain::test {
+namespace {
+
+using kernels::cuda::attention_calls;
+using kernels::cuda::AttentionCalls;
+
+// One unit in the last place of a 16-bit value near 1: cuDNN rounds the probabilities and
+// the score gradients to the io dtype before its tensor-core products (FlashAttention's
+// recipe); results are then off by a few of these relative to the tensor's largest value.
+double ulp_of(DType t) { return t == DType::f16 ? 1.0 / 1024 : 1.0 / 128; }
+
+struct Result {
+  std::vector<float> out, lse, dqkv;
+};
+
+// Forward and backward on the GPU under `mode`; `want_cudnn` and `want_kernel` are the
+// calls each path must have taken (2 per case: forward and backward).
+Result run_gpu(const char* mode, DType dt, int64_t b, int64_t t, int64_t heads, int64_t hs,
+               int64_t want_cudnn, int64_t want_kernel) {
+  ScopedEnv env("RINGTRAIN_CUDA_ATTENTION", mode);
+  const int64_t c = heads * hs;
+  kernels::Backend& gpu = gpu_backend();
+  Pair qkv = make_pair({b, t, 3 * c}, dt, uniform(b * t * 3 * c, -1.5f, 1.5f, 21));
+  Pair out = make_pair({b, t, c}, dt), lse = make_pair({b, heads, t}, DType::f32);
+  Pair dout = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 22));
+  Pair dqkv = make_pair({b, t, 3 * c}, dt);
+  const AttentionCalls before = attention_calls();
+  gpu.attention_forward(heads, qkv.d(), out.d(), lse.d());
+  gpu.attention_backward(heads, qkv.d(), out.d(), dout.d(), lse.d(), dqkv.d());
+  const AttentionCalls after = attention_calls();
+  EXPECT_EQ(after.cudnn - before.cudnn, want_cudnn) << "cuDNN calls under " << mode;
+  EXPECT_EQ(after.kernel - before.kernel, want_kernel) << "kernel calls under " << mode;
+  return {floats(out.d()), floats(lse.d()), floats(dqkv.d())};
+}
+
+Result run_cpu(DType dt, int64_t b, int64_t t, int64_t heads, int64_t hs) {
+  const int64_t c = heads * hs;
+  kernels::Backend& cpu = cpu_backend();
+  Pair qkv = make_pair({b, t, 3 * c}, dt, uniform(b * t * 3 * c, -1.5f, 1.5f, 21));
+  Pair out = make_pair({b, t, c}, dt), lse = make_pair({b, heads, t}, DType::f32);
+  Pair dout = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 22));
+  Pair dqkv = make_pair({b, t, 3 * c}, dt);
+  cpu.attention_forward(heads, qkv.h(), out.h(), lse.h());
+  cpu.attention_backward(heads, qkv.h(), out.h(), dout.h(), lse.h(), dqkv.h());
+  return {floats(out.h()), floats(lse.h()), floats(dqkv.h())};
+}
+
+void expect_close(const Result& got, const Result& want, DType dt, const char* against) {
+  SCOPED_TRACE(against);
+  EXPECT_TRUE(all_close(got.lse, want.lse, 1e-5, 1e-4)) << "log-sum-exp";
+  EXPECT_TRUE(all_close(got.out, want.out, rtol_of(dt), 2 * ulp_of(dt) * max_abs(want.out)))
+      << "output";
+  EXPECT_TRUE(all_close(got.dqkv, want.dqkv, rtol_of(dt), 4 * ulp_of(dt) * max_abs(want.dqkv)))
+      << "dq, dk, dv";
+}
+
+class CudnnAttentionTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {
+ protected:
+  void SetUp() override {
+    RT_NEED_GPU();
+    ASSERT_TRUE(kernels::cuda::cudnn_sdpa_built())
+        << "this build has no cudnn-frontend (CMake's RINGTRAIN_CUDNN_FRONTEND_DIR)";
+  }
+  DType dt() const { return std::get<0>(GetParam()); }
+  int64_t seq() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(CudnnAttentionTest, MatchesTheCpuAndOurKernel) {
+  // (batch, heads, head size): GPT-2's 64, 32 and 128, with several B x heads.
+  for (const auto& [b, heads, hs] :
+       {std::tuple<int64_t, int64_t, int64_t>{2, 3, 64}, {3, 2, 32}, {1, 4, 128}}) {
+    if (seq() == 1024 && b * heads > 6) continue;  // the CPU reference's time
+    SCOPED_TRACE(::testing::Message()
+                 << "B " << b << ", " << heads << " heads of " << hs << ", T " << seq());
+    const Result want = run_cpu(dt(), b, seq(), heads, hs);
+    const Result cudnn = run_gpu("cudnn", dt(), b, seq(), heads, hs, 2, 0);
+    const Result kernel = run_gpu("kernel", dt(), b, seq(), heads, hs, 0, 2);
+    expect_close(cudnn, want, dt(), "cuDNN against the CPU");
+    expect_close(cudnn, kernel, dt(), "cuDNN against our kernel");
+    const Result automatic = run_gpu("auto", dt(), b, seq(), heads, hs, 2, 0);
+    EXPECT_EQ(automatic.out, cudnn.out) << "auto runs the same cuDNN graph";
+    EXPECT_EQ(automatic.lse, cudnn.lse);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypeSeq, CudnnAttentionTest,
+                         ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
+                                            ::testing::Values(int64_t(1), int64_t(5), int64_t(131),
+                                                              int64_t(1024))),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_T" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(CudnnAttentionEnv, Fp32RunsOurKernelEvenUnderCudnn) {
+  RT_NEED_GPU();
+  const Result want = run_cpu(DType::f32, 1, 7, 2, 32);
+  const Result got = run_gpu("cudnn", DType::f32, 1, 7, 2, 32, 0, 2);
+  EXPECT_TRUE(all_close(got.out, want.out, 1e-5, 1e-5));
+}
+
+TEST(CudnnAttentionEnv, AValueOutsideTheChoicesIsAnErrorNamingIt) {
+  RT_NEED_GPU();
+  try {
+    run_gpu("fast", DType::bf16, 1, 4, 1, 64, 0, 0);
+    FAIL() << "RINGTRAIN_CUDA_ATTENTION=fast was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RINGTRAIN_CUDA_ATTENTION='fast'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudnnAttentionEnv, AShapeCudnnRefusesIsAnErrorUnderCudnn) {
+  RT_NEED_GPU();
+  ASSERT_TRUE(kernels::cuda::cudnn_sdpa_built());
+  try {
+    run_gpu("cudnn", DType::bf16, 1, 4, 1, 264, 0, 0);
+    FAIL() << "head size 264 ran under RINGTRAIN_CUDA_ATTENTION=cudnn";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RINGTRAIN_CUDA_ATTENTION=cudnn"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain::test
