@@ -40,9 +40,11 @@ void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, con
     check_device(*dwpe, "positional embedding gradient");
     CUDA_CHECK(cudaMemsetAsync(dwpe->data, 0, dwpe->bytes(), stream()));
   }
+  const int64_t n = tokens.numel(), vocab = dwte.dim(0);
+  void* work = scratch(kScratchA, embedding_bwd_scratch_bytes(n, vocab));
   launch_embedding_bwd(tokens.as<int32_t>(), dy.data, dy.dtype, dwte.as<float>(),
-                       dwpe ? dwpe->as<float>() : nullptr, tokens.numel(), tokens.dim(1),
-                       dwte.dim(1), stream());
+                       dwpe ? dwpe->as<float>() : nullptr, n, tokens.dim(1), dwte.dim(1), vocab,
+                       work, stream());
 }
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
