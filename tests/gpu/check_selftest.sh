@@ -113,16 +113,16 @@ if [[ -n $cuda_build ]]; then
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
 got = {st["name"]: st for st in s["steps"]}
-order = ["unpack", "env", "gpu_ops", "gpu_training", "gpu_allocator", "gpu_bench",
+order = ["unpack", "env", "gpu_ops", "gpu_attention", "gpu_training", "gpu_allocator", "gpu_bench",
          "gpu_nccl_np1", "gpu_train_cli"]
 assert [st["name"] for st in s["steps"]] == order, [st["name"] for st in s["steps"]]
 assert got["unpack"]["status"] == "passed", got["unpack"]
 assert got["env"]["status"] == "passed", got["env"]
-for name in order[2:6]:
+for name in order[2:7]:
     st = got[name]
     assert (st["status"], st["rc"]) in (("skipped", 77), ("passed", 0)), st
     assert st["status"] == "passed" or "no CUDA device" in st["note"], st
-for name in order[6:]:
+for name in order[7:]:
     assert got[name]["status"] == "not-run" and "Open MPI" in got[name]["note"], got[name]
 print("prebuilt run:", {n: got[n]["status"] for n in order})
 PY
