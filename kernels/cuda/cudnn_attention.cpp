@@ -46,10 +46,12 @@ struct SdpaGraphs {
 
 using Key = std::tuple<const void*, int64_t, int64_t, int64_t, int64_t, int>;
 
+// Never destroyed: the graphs hold cuDNN descriptors of handles that the runtimes (statics
+// of runtime.cpp) may destroy first at exit; the process's end frees them all.
 std::mutex cache_mu;
 std::map<Key, SdpaGraphs>& cache() {
-  static std::map<Key, SdpaGraphs> graphs;
-  return graphs;
+  static auto* graphs = new std::map<Key, SdpaGraphs>();
+  return *graphs;
 }
 
 Key key_of(cudnnHandle_t h, const SdpaShape& s) {
