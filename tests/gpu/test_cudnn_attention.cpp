@@ -115,7 +115,7 @@ TEST(CudnnAttentionEnv, Fp32RunsOurKernelEvenUnderCudnn) {
   RT_NEED_GPU();
   const Result want = run_cpu(DType::f32, 1, 7, 2, 32);
   const Result got = run_gpu("cudnn", DType::f32, 1, 7, 2, 32, 0, 2);
-  EXPECT_TRUE(all_close(got.out, want.out, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(got.out, want.out, rtol_of(DType::f32) + 1e-5, 1e-5));
 }
 
 TEST(CudnnAttentionEnv, AValueOutsideTheChoicesIsAnErrorNamingIt) {
