@@ -46,6 +46,10 @@ const std::vector<Setting>& settings() {
        "the cuBLASLt workspace per GEMM", "gpu.md"},
       {"RINGTRAIN_CUDA_CONV_WORKSPACE_MB", "int MiB", "512", "ringtrain",
        "the most workspace a cuDNN convolution algorithm may use", "gpu.md"},
+      {"RINGTRAIN_CUDA_ATTENTION", "auto|cudnn|kernel", "auto", "ringtrain",
+       "the GPU's fp16/bf16 attention: cuDNN's fused attention (cudnn: required) or ringtrain's "
+       "kernel; auto: cuDNN where built and the shape is supported. fp32 runs the kernel",
+       "gpu.md#attention-cudnn-or-our-kernel"},
       {"RINGTRAIN_TEST_FAIL", "RANK:POINT[:STEP]", "unset", "ringtrain",
        "tests only: rank RANK throws a runtime error at POINT (read, forward, backward, reduce, "
        "gather, optimizer, eval, save, metrics, best, export), at step STEP or the first time",

@@ -5,10 +5,15 @@
 // same run: attention's TFLOP/s over the large bf16 GEMM's, the memory-bound ops' GB/s over
 // the device copy's. Bytes are the least each op must move (every input read once, every
 // output written once); attention's FLOPs are the causal products it must do (forward 2,
-// backward 4, matrix products of q k^T's size). The values are not checked here (gpu_ops
-// checks every op against the CPU).
+// backward 4, matrix products of q k^T's size). Attention rows name the path that ran
+// (cuDNN's fused attention or our kernel); when it was cuDNN, our kernel's rows follow as the
+// reference, with 0 calls per step. The values are not checked here (gpu_ops checks every op
+// against the CPU).
+#include <cstdlib>
+
 #include "benchmarks/gpu/bench_common.hpp"
 #include "benchmarks/gpu/bench_sections.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 
 namespace ringtrain::gpubench {
 
@@ -22,7 +27,7 @@ std::vector<OpRow> bench_gpt_ops(kernels::Backend& be, cudaStream_t s, DType t, 
     const double rate = work / sec / (flops ? 1e12 : 1e9);
     const double ref = flops ? gemm_tflops : copy_gbps;
     rows.push_back({op, dtype_name(t), sec * 1e3, calls, sec * 1e3 * calls, rate,
-                    flops ? "TFLOP/s" : "GB/s", ref > 0 ? rate / ref : 0});
+                    flops ? "TFLOP/s" : "GB/s", ref > 0 ? rate / ref : 0, ""});
   };
   const int warm = 1, iters = 3;
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -86,17 +91,41 @@ std::vector<OpRow> bench_gpt_ops(kernels::Backend& be, cudaStream_t s, DType t, 
     dqkv.ensure({batch, seq, 3 * c}, t, kGpu);
     // One causal product of q k^T's size: 2 FLOP x B x C x T (T + 1) / 2.
     const double product = double(batch) * double(c) * double(seq) * double(seq + 1);
-    add_row("attention forward", kLayers,
-            time_it(s, warm, iters,
-                    [&] { be.attention_forward(kHeads, qkv.view, out.view, lse.view); }),
-            2 * product, true);
-    add_row("attention backward", kLayers,
-            time_it(s, warm, iters,
-                    [&] {
-                      be.attention_backward(kHeads, qkv.view, out.view, dout.view, lse.view,
-                                            dqkv.view);
-                    }),
-            4 * product, true);
+    // Forward and backward rows under the path chosen as the GPT runs it; each row names the
+    // path its calls took. Backward reads the lse its own path's forward wrote.
+    auto attention_rows = [&](const char* suffix) {
+      auto before = kernels::cuda::attention_calls();
+      add_row(cat("attention forward", suffix).c_str(), kLayers,
+              time_it(s, warm, iters,
+                      [&] { be.attention_forward(kHeads, qkv.view, out.view, lse.view); }),
+              2 * product, true);
+      rows.back().path =
+          kernels::cuda::attention_paths_between(before, kernels::cuda::attention_calls());
+      before = kernels::cuda::attention_calls();
+      add_row(cat("attention backward", suffix).c_str(), kLayers,
+              time_it(s, warm, iters,
+                      [&] {
+                        be.attention_backward(kHeads, qkv.view, out.view, dout.view, lse.view,
+                                              dqkv.view);
+                      }),
+              4 * product, true);
+      rows.back().path =
+          kernels::cuda::attention_paths_between(before, kernels::cuda::attention_calls());
+      return rows.back().path;
+    };
+    if (attention_rows("") == "cudnn") {
+      // Our kernel on the same buffers, as the reference (not counted in the step's sum).
+      const char* was = std::getenv("RINGTRAIN_CUDA_ATTENTION");
+      const std::string saved = was ? was : "";
+      setenv("RINGTRAIN_CUDA_ATTENTION", "kernel", 1);
+      attention_rows(" (our kernel, reference)");
+      if (was)
+        setenv("RINGTRAIN_CUDA_ATTENTION", saved.c_str(), 1);
+      else
+        unsetenv("RINGTRAIN_CUDA_ATTENTION");
+      for (size_t i = rows.size() - 2; i < rows.size(); ++i)
+        rows[i].calls_per_step = rows[i].ms_per_step = 0;
+    }
   }
   {  // GELU (tanh) over the MLP's [B T, 4C].
     OwnedTensor h, hy, hdy, hdx;

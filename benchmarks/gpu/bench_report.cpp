@@ -119,7 +119,8 @@ void report(const Results& res, bool quick, bool gemm_only, const std::string& d
     js << (i ? "," : "") << "{\"model\":\"gpt2-124m\",\"dtype\":\"" << r.dtype
        << "\",\"batch\":" << r.batch << ",\"seq\":" << r.seq << ",\"params\":" << r.params
        << ",\"step_ms\":" << num(r.step_ms) << ",\"tokens_per_sec\":" << num(r.tokens_per_s)
-       << ",\"model_tflops\":" << num(r.model_tflops) << "}";
+       << ",\"model_tflops\":" << num(r.model_tflops) << ",\"attention\":\"" << r.attention
+       << "\"}";
   }
   js << "],\"gpt_ops\":[";
   for (size_t i = 0; i < res.gpt_ops.size(); ++i) {
@@ -127,7 +128,7 @@ void report(const Results& res, bool quick, bool gemm_only, const std::string& d
     js << (i ? "," : "") << "{\"op\":\"" << r.op << "\",\"dtype\":\"" << r.dtype
        << "\",\"ms\":" << num(r.ms) << ",\"calls_per_step\":" << num(r.calls_per_step)
        << ",\"ms_per_step\":" << num(r.ms_per_step) << ",\"rate\":" << num(r.rate) << ",\"unit\":\""
-       << r.unit << "\",\"of_ref\":" << num(r.of_ref) << "}";
+       << r.unit << "\",\"of_ref\":" << num(r.of_ref) << ",\"path\":\"" << r.path << "\"}";
   }
   js << "],\"goals\":[";
   for (size_t i = 0; i < std::size(goals); ++i) {

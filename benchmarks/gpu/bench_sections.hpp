@@ -62,16 +62,20 @@ struct GptRow {
   std::string dtype;
   int64_t batch, seq, params;
   double step_ms, tokens_per_s, model_tflops;
+  std::string attention;  // the attention path that ran: cudnn, kernel (cudnn_attention.hpp)
 };
 
 GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t seq, int steps);
 
-// --- gpt2-124m ops: our transformer kernels alone at one step's shapes
+// --- gpt2-124m ops: our transformer kernels alone at one step's shapes; attention under
+// RINGTRAIN_CUDA_ATTENTION as set (auto: cuDNN for bf16 where built), and, when that ran
+// cuDNN, our kernel too as the reference
 struct OpRow {
   std::string op, dtype;
   double ms, calls_per_step, ms_per_step, rate;
   std::string unit;  // TFLOP/s or GB/s
   double of_ref;     // rate over the large bf16 GEMM's TFLOP/s or the device copy's GB/s
+  std::string path;  // attention rows: the path that ran (cudnn, kernel); "" for the others
 };
 std::vector<OpRow> bench_gpt_ops(kernels::Backend& be, cudaStream_t s, DType t, int64_t batch,
                                  int64_t seq, double gemm_tflops, double copy_gbps);

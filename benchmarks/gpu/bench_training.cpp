@@ -4,6 +4,7 @@
 
 #include "benchmarks/gpu/bench_common.hpp"
 #include "benchmarks/gpu/bench_sections.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
 
@@ -140,6 +141,7 @@ GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t s
   copy_bytes(targets.ensure({batch, seq}, DType::i32, kGpu).data, kGpu, out.data(), Device{},
              out.size() * 4);
   const float scale = precision == DType::f32 ? 1.f : 1024.f;
+  const kernels::cuda::AttentionCalls calls_before = kernels::cuda::attention_calls();
   double total = 0;
   for (int step = -2; step < steps; ++step) {  // 2 warm-up steps
     kernels::cuda::synchronize(0);
@@ -163,7 +165,8 @@ GptRow bench_gpt(kernels::Backend& be, DType precision, int64_t batch, int64_t s
           model->num_params(),
           step_s * 1e3,
           tokens_per_s,
-          flop_per_token * tokens_per_s / 1e12};
+          flop_per_token * tokens_per_s / 1e12,
+          kernels::cuda::attention_paths_between(calls_before, kernels::cuda::attention_calls())};
 }
 
 }  // namespace ringtrain::gpubench

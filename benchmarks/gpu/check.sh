@@ -29,13 +29,14 @@ usage: benchmarks/gpu/check.sh [--quick] [--out DIR] [--build DIR] [--arch LIST]
   --prebuilt FILE no configure or build: unpack FILE (made by pack_prebuilt.sh on a
                   machine with the build's libraries), find the CUDA libraries it needs on
                   this machine (CUDA toolkit, python3's NVIDIA pip packages), then run
-                  gpu_ops, gpu_training, gpu_allocator and gpu_bench (240 s) from it;
+                  gpu_ops, gpu_attention, gpu_training, gpu_allocator and gpu_bench
+                  (240 s) from it;
                   gpu_nccl_np1 and gpu_train_cli need Open MPI's runtime and are marked
                   not-run
   --self-test     run the step/timeout/summary machinery on fake steps (no GPU needed)
 
-Steps (full): env, configure, build, gpu_ops, gpu_bench, gpu_allocator, gpu_nccl_np1,
-gpu_training, gpu_train_cli. Prebuilt: unpack, env, then the tests above that the bundle
+Steps (full): env, configure, build, gpu_ops, gpu_attention, gpu_bench, gpu_allocator,
+gpu_nccl_np1, gpu_training, gpu_train_cli (--quick: gpu_ops, gpu_attention, gpu_bench). Prebuilt: unpack, env, then the tests above that the bundle
 holds. Environment: NCCL_DEBUG=WARN, cuDNN's error log
 (CUDNN_LOGERR_DBG=1) into OUT/cudnn.log, NCCL bootstrap on loopback (one machine).
 
@@ -179,8 +180,11 @@ write_summary() {
       echo
       echo "## gpu_bench"
       echo
+      # Which attention ran in the GPT rows (cuDNN's fused attention or our kernel).
+      grep '^attention path: ' "$logs/gpu_bench.log" | sed 's/$/  /' || true
+      echo
       echo '```'
-      sed -n '/^gpu_bench on /,$p' "$logs/gpu_bench.log" | sed '/^wrote /d' | sed -n 1,80p
+      sed -n '/^gpu_bench on /,$p' "$logs/gpu_bench.log" | sed '/^wrote /d' | sed -n 1,110p
       echo '```'
     fi
     for ((i = 0; i < n; i++)); do
@@ -364,8 +368,8 @@ run_real() {
   else
     blocked build "configure did not pass"
   fi
-  local tests=(gpu_ops gpu_bench gpu_allocator gpu_nccl_np1 gpu_training gpu_train_cli)
-  [[ $mode == quick ]] && tests=(gpu_ops gpu_bench)
+  local tests=(gpu_ops gpu_attention gpu_bench gpu_allocator gpu_nccl_np1 gpu_training gpu_train_cli)
+  [[ $mode == quick ]] && tests=(gpu_ops gpu_attention gpu_bench)
   local t
   for t in "${tests[@]}"; do
     if ! passed build; then
@@ -450,7 +454,7 @@ run_prebuilt() {
   step unpack 60 unpack_bundle "$prebuilt" "$pre"
   if ! passed unpack; then
     local t
-    for t in env gpu_ops gpu_training gpu_allocator gpu_bench; do blocked "$t" "unpack did not pass"; done
+    for t in env gpu_ops gpu_attention gpu_training gpu_allocator gpu_bench; do blocked "$t" "unpack did not pass"; done
     return 0
   fi
   find_cuda_libs
@@ -460,7 +464,7 @@ run_prebuilt() {
   # No build and no gpu_train_cli here: the tests first (a wrong kernel is the news that
   # matters most), then the benchmark with the rest of the budget.
   local name limit args=() t
-  for t in gpu_ops gpu_training gpu_allocator gpu_bench; do
+  for t in gpu_ops gpu_attention gpu_training gpu_allocator gpu_bench; do
     if ! passed env; then
       blocked "$t" "env did not pass: a library is missing"
     elif [[ $t == gpu_bench ]]; then

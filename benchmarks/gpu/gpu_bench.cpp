@@ -18,10 +18,13 @@
 //              fused token cross-entropy) in fp32 and bf16, and its model FLOP utilisation:
 //              (6 N + 12 L C T) FLOP per token (PaLM's count: the parameters' GEMMs and the
 //              attention scores, forward and backward) x tokens/s over the bf16 GEMM TFLOP/s
-//              of the large square measured in the first table.
+//              of the large square measured in the first table; each row names the attention
+//              path it ran (RINGTRAIN_CUDA_ATTENTION; auto: cuDNN for bf16 where built).
 //   gpt ops    each of our transformer kernels alone at those shapes, its calls per step and
 //              their sum against the step (where the non-GEMM time goes), each rate against
-//              the large bf16 GEMM (attention) or the device copy (the memory-bound ops).
+//              the large bf16 GEMM (attention) or the device copy (the memory-bound ops);
+//              attention rows name the path that ran (cuDNN's fused attention or our
+//              kernel), and our kernel is measured beside cuDNN's as the reference.
 // --gemm-only runs the first table alone (check.sh --quick). Writes one JSON object (--json
 // FILE) and prints a table.
 // Sections: bench_kernels.cpp (gemm, bandwidth), bench_training.cpp (train, gpt),
@@ -151,12 +154,14 @@ int main(int argc, char** argv) {
         errors.push_back(cat("gpt2-124m ", dtype_name(t), ": ", e.what()));
       }
     }
-    std::printf("\n%-10s %-5s %6s %6s %10s %10s %12s %12s\n", "gpt", "type", "batch", "seq",
-                "params", "step ms", "tokens/s", "TFLOP/s");
+    std::printf("\n%-10s %-5s %6s %6s %10s %10s %12s %12s %-9s\n", "gpt", "type", "batch", "seq",
+                "params", "step ms", "tokens/s", "TFLOP/s", "attention");
     for (const auto& r : gpt)
-      std::printf("%-10s %-5s %6lld %6lld %10lld %10.2f %12.0f %12.1f\n", "gpt2-124m",
+      std::printf("%-10s %-5s %6lld %6lld %10lld %10.2f %12.0f %12.1f %-9s\n", "gpt2-124m",
                   r.dtype.c_str(), (long long)r.batch, (long long)r.seq, (long long)r.params,
-                  r.step_ms, r.tokens_per_s, r.model_tflops);
+                  r.step_ms, r.tokens_per_s, r.model_tflops, r.attention.c_str());
+    for (const auto& r : gpt)
+      std::printf("attention path: gpt2-124m %s ran %s\n", r.dtype.c_str(), r.attention.c_str());
   }
   // (e) the transformer kernels alone at the gpt rows' shapes, and their sum per step.
   auto& ops = res.gpt_ops;
@@ -174,12 +179,12 @@ int main(int argc, char** argv) {
         errors.push_back(cat("gpt2-124m ops ", dtype_name(t), ": ", e.what()));
       }
     }
-    std::printf("\n%-32s %-5s %10s %6s %11s %10s %-7s %7s\n", "gpt2-124m op", "type", "ms/call",
-                "calls", "ms per step", "rate", "unit", "of ref");
+    std::printf("\n%-44s %-5s %10s %6s %11s %10s %-7s %7s %s\n", "gpt2-124m op", "type", "ms/call",
+                "calls", "ms per step", "rate", "unit", "of ref", "path");
     for (const auto& r : ops)
-      std::printf("%-32s %-5s %10.3f %6.0f %11.2f %10.1f %-7s %7.3f\n", r.op.c_str(),
+      std::printf("%-44s %-5s %10.3f %6.0f %11.2f %10.1f %-7s %7.3f %s\n", r.op.c_str(),
                   r.dtype.c_str(), r.ms, r.calls_per_step, r.ms_per_step, r.rate, r.unit.c_str(),
-                  r.of_ref);
+                  r.of_ref, r.path.c_str());
     for (const auto& g : gpt) {
       double sum = 0;
       for (const auto& r : ops)

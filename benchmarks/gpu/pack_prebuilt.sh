@@ -54,11 +54,11 @@ cp "$build/bin/gpu_tests" "$build/bin/gpu_bench" "$stage/bin/"
 
 # The libraries the loader resolves here, less the ones the GPU machine has: the CUDA
 # libraries (its driver's and NVIDIA's pip packages') and the C/C++ runtime (newer there).
-skip='^(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+skip='^(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
 cuda_needed=()
 while read -r name path; do
   if [[ $name =~ $skip ]]; then
-    [[ $name =~ ^lib(cu|nccl) ]] && cuda_needed+=("$name")
+    [[ $name =~ ^lib(cu|nccl|nvrtc) ]] && cuda_needed+=("$name")
     continue
   fi
   [[ $path == /* ]] || { echo "pack_prebuilt.sh: $name is not found here (ldd: $path)" >&2; exit 1; }

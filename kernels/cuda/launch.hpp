@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.hpp"
@@ -75,9 +76,13 @@ void launch_dropout_bwd(const void* dy, const uint8_t* mask, void* dx, DType t, 
 // ---- transformer.cu ------------------------------------------------------------------------
 void launch_embedding_fwd(const int32_t* tok, const void* wte, const void* wpe, DType wt, void* y,
                           DType yt, int64_t n, int64_t t_len, int64_t c, cudaStream_t s);
-// dwte and dwpe (may be null) must be zeroed first; summed in token order.
+// ---- embedding_backward.cu -----------------------------------------------------------------
+// dwte [vocab, c] and dwpe (may be null) must be zeroed first; each row summed in position
+// order, as the CPU does. scratch: embedding_bwd_scratch_bytes(n, vocab) device bytes.
+size_t embedding_bwd_scratch_bytes(int64_t n, int64_t vocab);
 void launch_embedding_bwd(const int32_t* tok, const void* dy, DType dt, float* dwte, float* dwpe,
-                          int64_t n, int64_t t_len, int64_t c, cudaStream_t s);
+                          int64_t n, int64_t t_len, int64_t c, int64_t vocab, void* scratch,
+                          cudaStream_t s);
 void launch_layernorm_fwd(const void* x, DType xt, const float* g, const float* b, float eps,
                           void* y, DType yt, float* mean, float* rstd, int64_t rows, int64_t c,
                           cudaStream_t s);

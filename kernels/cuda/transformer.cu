@@ -1,5 +1,5 @@
-// Our own CUDA kernels for the transformer ops: token + positional embedding (gather, and a
-// deterministic scatter-add: one thread per channel walks the tokens in order), layer norm
+// Our own CUDA kernels for the transformer ops: token + positional embedding's gather (its
+// backward pass is embedding_backward.cu), layer norm
 // (a warp per row, fp32 statistics; parameter gradients in fixed slices, then summed in
 // order), causal self-attention fused as FlashAttention (a warp per query row, an online
 // softmax over its keys, 32 keys at a time, one per lane; backward recomputes the
@@ -43,20 +43,6 @@ __global__ void embedding_fwd_kernel(const int32_t* tok, const W* wte, const W* 
     float v = ld(wte, int64_t(tok[row]) * c + j);
     if (wpe) v += ld(wpe, (row % t_len) * c + j);
     st(y, i, v);
-  }
-}
-
-// Thread j: channel j of every row of dwte/dwpe, summing the tokens in order. Neighbouring
-// threads touch neighbouring addresses of one row at each step (coalesced).
-template <typename D>
-__global__ void embedding_bwd_kernel(const int32_t* tok, const D* dy, float* dwte, float* dwpe,
-                                     int64_t n, int64_t t_len, int64_t c) {
-  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = ld(dy, i * c + j);
-    dwte[int64_t(tok[i]) * c + j] += g;
-    if (dwpe) dwpe[(i % t_len) * c + j] += g;
   }
 }
 
@@ -406,16 +392,6 @@ void launch_embedding_fwd(const int32_t* tok, const void* wte, const void* wpe, 
                                                                   static_cast<TY*>(y), n, t_len, c);
       CUDA_CHECK_LAUNCH();
     });
-  });
-}
-
-void launch_embedding_bwd(const int32_t* tok, const void* dy, DType dt, float* dwte, float* dwpe,
-                          int64_t n, int64_t t_len, int64_t c, cudaStream_t s) {
-  dispatch(dt, [&](auto D) {
-    using TD = typename decltype(D)::type;
-    embedding_bwd_kernel<<<blocks_for(c), kThreads, 0, s>>>(tok, static_cast<const TD*>(dy), dwte,
-                                                            dwpe, n, t_len, c);
-    CUDA_CHECK_LAUNCH();
   });
 }
 

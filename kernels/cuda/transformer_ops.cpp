@@ -1,14 +1,16 @@
 // CudaBackend's transformer ops: shape and dtype checks (shared with the CPU backend where
 // kernels/kernels.cpp has them), scratch for the reductions, then the kernels of
-// transformer.cu. Only token_xent waits for the stream (it returns the loss). Token ids are
-// not range-checked here: the token loader validates them against the model's vocabulary
-// on the host before they are uploaded.
+// transformer.cu, or for 16-bit attention cuDNN's fused attention where
+// select_attention_path chooses it (cudnn_attention.hpp). Only token_xent waits for the
+// stream (it returns the loss). Token ids are not range-checked here: the token loader validates
+// them against the model's vocabulary on the host before they are uploaded.
 #include <cstring>
 #include <vector>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace ringtrain::kernels::cuda {
@@ -38,9 +40,11 @@ void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, con
     check_device(*dwpe, "positional embedding gradient");
     CUDA_CHECK(cudaMemsetAsync(dwpe->data, 0, dwpe->bytes(), stream()));
   }
+  const int64_t n = tokens.numel(), vocab = dwte.dim(0);
+  void* work = scratch(kScratchA, embedding_bwd_scratch_bytes(n, vocab));
   launch_embedding_bwd(tokens.as<int32_t>(), dy.data, dy.dtype, dwte.as<float>(),
-                       dwpe ? dwpe->as<float>() : nullptr, tokens.numel(), tokens.dim(1),
-                       dwte.dim(1), stream());
+                       dwpe ? dwpe->as<float>() : nullptr, n, tokens.dim(1), dwte.dim(1), vocab,
+                       work, stream());
 }
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -77,9 +81,17 @@ void CudaBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tens
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   RT_CHECK(out.dtype == qkv.dtype, "attention output ", dtype_name(out.dtype), " for qkv ",
            dtype_name(qkv.dtype));
+  for (const Tensor* t : {&qkv, &out, &lse}) check_device(*t, "attention");
+  const SdpaShape s{d.b, d.t, d.heads, d.hs, qkv.dtype};
+  const AttentionPath path = select_attention_path(rt_, s);
+  count_attention_call(path);
+  if (path == AttentionPath::cudnn) {
+    void* ws = scratch(kWorkspace, cudnn_sdpa_workspace(rt_, s, false));
+    cudnn_sdpa_forward(rt_, s, qkv.data, out.data, lse.as<float>(), ws);
+    return;
+  }
   RT_CHECK(d.hs <= kMaxAttentionHeadSize, "attention head size ", d.hs, " is above the ",
            kMaxAttentionHeadSize, " the CUDA kernel holds");
-  for (const Tensor* t : {&qkv, &out, &lse}) check_device(*t, "attention");
   launch_attention_fwd(qkv.data, out.data, qkv.dtype, lse.as<float>(), d.b, d.t, d.heads, d.hs,
                        stream());
 }
@@ -90,9 +102,18 @@ void CudaBackend::attention_backward(int64_t heads, const Tensor& qkv, const Ten
   RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel() && out.dtype == qkv.dtype &&
                dout.dtype == qkv.dtype && dqkv.dtype == qkv.dtype,
            "attention gradients must match qkv ", shape_str(qkv.shape), " ", dtype_name(qkv.dtype));
+  for (const Tensor* t : {&qkv, &out, &dout, &lse, &dqkv}) check_device(*t, "attention gradient");
+  // The forward's decision for the shape (cached), so the lse is read by the pass that wrote it.
+  const SdpaShape s{d.b, d.t, d.heads, d.hs, qkv.dtype};
+  const AttentionPath path = select_attention_path(rt_, s);
+  count_attention_call(path);
+  if (path == AttentionPath::cudnn) {
+    void* ws = scratch(kWorkspace, cudnn_sdpa_workspace(rt_, s, true));
+    cudnn_sdpa_backward(rt_, s, qkv.data, out.data, dout.data, lse.as<float>(), dqkv.data, ws);
+    return;
+  }
   RT_CHECK(d.hs <= kMaxAttentionHeadSize, "attention head size ", d.hs, " is above the ",
            kMaxAttentionHeadSize, " the CUDA kernel holds");
-  for (const Tensor* t : {&qkv, &out, &dout, &lse, &dqkv}) check_device(*t, "attention gradient");
   auto* delta = static_cast<float*>(scratch(kScratchA, size_t(d.b * d.heads * d.t) * 4));
   launch_attention_bwd(qkv.data, out.data, dout.data, qkv.dtype, lse.as<float>(), delta, dqkv.data,
                        d.b, d.t, d.heads, d.hs, stream());

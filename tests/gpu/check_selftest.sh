@@ -92,8 +92,8 @@ if [[ -n $cuda_build ]]; then
   for f in bin/gpu_tests bin/gpu_bench tests.tsv manifest.txt lib/libdnnl.so.2 lib/libprotobuf.so.32; do
     grep -qx "$f" <<<"$listing" || fail "the bundle has no $f"
   done
-  if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|c|stdc\+\+)\.so' <<<"$listing"; then
-    fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|c\.|stdc)' <<<"$listing")"
+  if grep -qE '^lib/lib(cudart|cublas|cudnn|nccl|nvrtc|c|stdc\+\+)\.so' <<<"$listing"; then
+    fail "the bundle holds a CUDA or C runtime library: $(grep -E '^lib/lib(cu|nccl|nvrtc|c\.|stdc)' <<<"$listing")"
   fi
   # The closure: with the bundle's lib/ first, every library the programs load comes from the
   # bundle, except the CUDA libraries and the C/C++ runtime, which the GPU machine has.
@@ -102,7 +102,7 @@ if [[ -n $cuda_build ]]; then
   for prog in gpu_tests gpu_bench; do
     outside="$(LD_LIBRARY_PATH="$dir/unpacked/lib" ldd "$dir/unpacked/bin/$prog" |
       awk '$2 == "=>" {print $1}' | grep -vxFf <(ls "$dir/unpacked/lib") |
-      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
+      grep -vE '^lib(cuda|cudart|cublas|cublasLt|cudnn|nccl|nvrtc|c|m|dl|pthread|rt|stdc\+\+|gcc_s)\.so' || true)"
     [[ -z $outside ]] || fail "$prog loads libraries the bundle lacks: $outside"
   done
   rc=0
@@ -113,16 +113,16 @@ if [[ -n $cuda_build ]]; then
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
 got = {st["name"]: st for st in s["steps"]}
-order = ["unpack", "env", "gpu_ops", "gpu_training", "gpu_allocator", "gpu_bench",
+order = ["unpack", "env", "gpu_ops", "gpu_attention", "gpu_training", "gpu_allocator", "gpu_bench",
          "gpu_nccl_np1", "gpu_train_cli"]
 assert [st["name"] for st in s["steps"]] == order, [st["name"] for st in s["steps"]]
 assert got["unpack"]["status"] == "passed", got["unpack"]
 assert got["env"]["status"] == "passed", got["env"]
-for name in order[2:6]:
+for name in order[2:7]:
     st = got[name]
     assert (st["status"], st["rc"]) in (("skipped", 77), ("passed", 0)), st
     assert st["status"] == "passed" or "no CUDA device" in st["note"], st
-for name in order[6:]:
+for name in order[7:]:
     assert got[name]["status"] == "not-run" and "Open MPI" in got[name]["note"], got[name]
 print("prebuilt run:", {n: got[n]["status"] for n in order})
 PY

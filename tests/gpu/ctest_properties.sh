@@ -12,7 +12,7 @@ python3 - "$build/gpu-tests.json" <<'PY'
 import json, sys
 tests = json.load(open(sys.argv[1]))["tests"]
 names = sorted(t["name"] for t in tests)
-assert names == sorted(["gpu_ops", "gpu_allocator", "gpu_training", "gpu_nccl_np1",
+assert names == sorted(["gpu_ops", "gpu_attention", "gpu_allocator", "gpu_training", "gpu_nccl_np1",
                         "gpu_train_cli"]), names
 for t in tests:
     p = {q["name"]: q["value"] for q in t.get("properties", [])}

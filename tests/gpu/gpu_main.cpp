@@ -5,8 +5,10 @@
 #include <cstring>
 
 #include "tests/gpu/gpu_util.hpp"
+#include "tests/hermetic_env.hpp"
 
 int main(int argc, char** argv) {
+  ringtrain::test::clear_ringtrain_env();  // e.g. RINGTRAIN_CUDA_ATTENTION: tests set their own
   ::testing::InitGoogleTest(&argc, argv);
   for (int i = 1; i < argc; ++i)
     if (std::strncmp(argv[i], "--source-dir=", 13) == 0) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +55,18 @@ constexpr int kNoDeviceExit = 77;
       FAIL() << "no CUDA device (" << ::ringtrain::test::no_gpu_reason()               \
              << "): GPU tests run under gpu_main.cpp, which exits 77 before any test"; \
   } while (0)
+
+// Sets an environment variable for one scope (unset after it).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 inline Device gpu() { return Device{Device::cuda, 0}; }
 

@@ -1,9 +1,11 @@
-// The CUDA backend's transformer ops (kernels/cuda/transformer.cu) against the CPU reference
-// on the same inputs, for fp32, fp16 and bf16 and for one token, a short sequence and one
-// longer than the CPU kernel's tile and not a multiple of the CUDA kernel's 32 keys per
-// step: embedding, layer norm, causal attention (forward, log-sum-exp, backward, at several
-// head sizes; above the kernel's limit refused), GELU (tanh) and the fused token
-// cross-entropy over a padded vocabulary. Skipped, visibly, without a CUDA device.
+// The CUDA backend's transformer ops (kernels/cuda/transformer.cu, embedding_backward.cu)
+// against the CPU reference on the same inputs, for fp32, fp16 and bf16 and for one token, a
+// short sequence and one longer than the CPU kernel's tile and not a multiple of the CUDA
+// kernel's 32 keys per step: embedding (and its backward over GPT-2's vocabulary, bitwise),
+// layer norm, causal attention (our kernel under RINGTRAIN_CUDA_ATTENTION=kernel: forward,
+// log-sum-exp, backward, at several head sizes; above the kernel's limit refused), GELU (tanh)
+// and the fused token cross-entropy over a padded vocabulary. Skipped, visibly, without a
+// CUDA device.
 #include <tuple>
 
 #include "tests/gpu/gpu_util.hpp"
@@ -43,6 +45,29 @@ TEST_P(TransformerOpTest, Embedding) {
   gpu().embedding_backward(tok.d(), dy.d(), dw.d(), dp.p_d());
   EXPECT_TRUE(all_close(floats(dw.d()), floats(dw.h()), 0, 0)) << "same order of summation";
   EXPECT_TRUE(all_close(floats(dp.d()), floats(dp.h()), 0, 0));
+}
+
+// GPT-2's vocabulary and a longer sequence: most tokens once, a few hundreds of times (long
+// runs after the GPU's sort by token), a token id near the top of the vocabulary; the
+// gradients bitwise the CPU's (each row summed from zero in position order).
+TEST(TransformerEmbeddingTest, BackwardOverALargeVocabularyIsTheCpusSums) {
+  RT_NEED_GPU();
+  const int64_t b = 2, t = 1024, v = 50304, c = 96;
+  std::vector<float> ids = tokens(b * t, v, 41);
+  for (float& id : ids) id = std::min(id, float(v - 1));
+  for (int64_t i = 0; i < b * t; i += 3) ids[size_t(i)] = float(i % 7);  // 7 frequent tokens
+  ids[5] = float(v - 1);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Pair tok = make_pair({b, t}, DType::i32, ids);
+    Pair dy = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 42));
+    Pair dw = make_pair({v, c}, DType::f32, uniform(v * c, -1, 1, 43));  // overwritten
+    Pair dp = make_pair({t + 5, c}, DType::f32, uniform((t + 5) * c, -1, 1, 44));
+    cpu_backend().embedding_backward(tok.h(), dy.h(), dw.h(), dp.p_h());
+    gpu_backend().embedding_backward(tok.d(), dy.d(), dw.d(), dp.p_d());
+    EXPECT_TRUE(all_close(floats(dw.d()), floats(dw.h()), 0, 0));
+    EXPECT_TRUE(all_close(floats(dp.d()), floats(dp.h()), 0, 0));
+  }
 }
 
 TEST_P(TransformerOpTest, LayerNorm) {
@@ -89,6 +114,8 @@ TEST_P(TransformerOpTest, AttentionRejectsHeadsAboveTheKernelsLimit) {
 }
 
 void TransformerOpTest::check_attention(int64_t b, int64_t t, int64_t heads, int64_t hs) {
+  // Our kernel at every dtype (test_cudnn_attention.cpp tests cuDNN's).
+  ScopedEnv env("RINGTRAIN_CUDA_ATTENTION", "kernel");
   const int64_t c = heads * hs;
   Pair qkv = make_pair({b, t, 3 * c}, dt(), uniform(b * t * 3 * c, -1.5f, 1.5f, 9));
   Pair out = make_pair({b, t, c}, dt()), lse = make_pair({b, heads, t}, DType::f32);
