@@ -60,11 +60,16 @@ if [[ $have_cudnn -eq 1 && ! -f "$cfe_dir/include/cudnn_frontend.h" ]]; then
   echo "install-deps: fetching nvidia-cudnn-frontend $cudnn_frontend_version into $cfe_dir"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  python3 -m pip download -q --no-deps --only-binary=:all: --implementation cp \
+  # Optional: without it the CUDA build runs its own attention kernel (CMake says so), so a
+  # PyPI that cannot be reached is reported and the install goes on.
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --implementation cp \
     --python-version 3.11 --platform "manylinux_2_28_$(uname -m)" -d "$tmp" \
-    "nvidia-cudnn-frontend==$cudnn_frontend_version"
-  $sudo mkdir -p "$cfe_dir"
-  $sudo python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$cfe_dir" <<'PY'
+    "nvidia-cudnn-frontend==$cudnn_frontend_version"; then
+    echo "install-deps: could not download nvidia-cudnn-frontend $cudnn_frontend_version from PyPI;" \
+      "the CUDA build will use ringtrain's own attention kernel (docs/gpu.md)" >&2
+  else
+    $sudo mkdir -p "$cfe_dir"
+    $sudo python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$cfe_dir" <<'PY'
 import sys, zipfile
 wheel, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as z:
@@ -73,4 +78,5 @@ with zipfile.ZipFile(wheel) as z:
         sys.exit(f"install-deps: {wheel} has no include/cudnn_frontend.h")
     z.extractall(dest, keep)
 PY
+  fi
 fi
