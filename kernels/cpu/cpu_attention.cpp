@@ -1,12 +1,15 @@
-// CPU causal multi-head self-attention in vector loops (cpu_attention_gemm.cpp runs it as
-// oneDNN tile GEMMs where CpuOptions::attention says: bf16 on AMX), blocked as
-// FlashAttention: per (batch, head), query tiles of kTile rows against key tiles of kTile columns
-// up to the diagonal, an online softmax (running maximum and sum per query), so at most one tile
-// row of scores exists at a time and never the T x T matrix. Forward saves each query's
-// log-sum-exp; backward recomputes the probabilities from it. One (batch, head) per thread: each
-// output element is written by one thread in a fixed order (deterministic for any thread count).
-// The head's q, k, v are widened to fp32 once; k and v are also kept transposed so that a query's
-// scores over a key tile are a run of contiguous multiply-adds (vectorised over the tile's keys).
+// CPU causal multi-head self-attention on fp32 tiles (cpu_attention_gemm.cpp runs it as oneDNN
+// tile GEMMs where CpuOptions::attention says: bf16 on AMX), blocked as FlashAttention: per
+// (batch, head), query tiles of 64 rows against key tiles of 64 up to the diagonal. Per tile
+// pair the 64 x 64 scores are one register-blocked product (attention_tiles.hpp), then an
+// online softmax (running maximum and sum per query, the partial output rescaled when the
+// maximum grows), then P V as a second product, so at most one tile of scores exists at a time
+// and never the T x T matrix. Forward saves each query's log-sum-exp; backward recomputes P
+// from it and forms dV += P^T dO, dK += dS^T Q and dQ += dS K as tile products too.
+// fp32 tensors are read and written in place (a head is a column block of qkv [B*T, 3C] and
+// out [B*T, C]); 16-bit ones are widened to fp32 per head and rounded once on the way out.
+// One (batch, head) per thread: each output element is written by one thread in a fixed order
+// (deterministic for any thread count).
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_tiles.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/elem.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -22,258 +26,123 @@ namespace ringtrain::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 64;   // queries per tile and keys per tile
-constexpr int64_t kChunk = 16;  // head dimensions per register (one AVX-512 vector)
+constexpr int64_t kTile = kAttnTile;
 
-// One head's working set in fp32: q, k, v [T, hs]; kt, vt [hs, Tp] (transposed, Tp = T
-// rounded up to the tile, zero-padded) and the output / gradients [T, hs].
-struct HeadBuffers {
-  int64_t tp = 0;
-  std::vector<float> q, k, v, kt, vt, o, d_o, dq, dk, dv;
-  void resize(int64_t t, int64_t hs) {
-    tp = (t + kTile - 1) / kTile * kTile;
-    // + kChunk: the last row's final chunk may read past hs (its lanes are not used)
-    for (auto* b : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) b->assign(size_t(t * hs + kChunk), 0.f);
-    kt.assign(size_t(hs * tp), 0.f);
-    vt.assign(size_t(hs * tp), 0.f);
+// One head's operands as fp32 row-major views: row i of q at q + i * ld_qkv (k, v alike), of
+// the output o / its gradient g at + i * ld_o / ld_g, of dq, dk, dv at + i * ld_dqkv.
+struct HeadView {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t ld_qkv = 0;
+  float* o = nullptr;  // written by forward, read by backward
+  int64_t ld_o = 0;
+  const float* g = nullptr;  // backward only, as the rest
+  int64_t ld_g = 0;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  int64_t ld_dqkv = 0;
+};
+
+// A thread's working memory, kept between calls (sized once per shape).
+struct Scratch {
+  int64_t ldt = 0;            // row length of the transposes: T rounded up to 16
+  std::vector<float> kt, vt;  // k and v transposed [hs, ldt]
+  std::vector<float> s, dp;   // a tile of scores / P and of dP / dS [kTile, kTile]
+  std::vector<float> acc;     // forward: a query tile's unnormalised output [kTile, hs]
+  float m[kTile], l[kTile], corr[kTile], delta[kTile];
+  std::vector<float> dense;  // 16-bit inputs: the head's fp32 copies and results
+  void size(int64_t t, int64_t hs, int64_t dense_blocks) {
+    ldt = (t + 15) / 16 * 16;
+    for (auto* b : {&kt, &vt}) b->resize(size_t(hs * ldt));
+    for (auto* b : {&s, &dp}) b->resize(size_t(kTile * kTile));
+    acc.resize(size_t(kTile * hs));
+    dense.resize(size_t(dense_blocks * t * hs));
   }
 };
 
-// rows [t] of `width` columns starting at column `col` of a [T, stride] matrix -> dst [T, hs].
-void gather_head(const Tensor& src, int64_t base, int64_t t, int64_t stride, int64_t col,
-                 int64_t hs, float* dst) {
+// Forward of one head: o [T, hs] and lse [T].
+void head_forward(const AttentionTileKernels& kr, const HeadView& h, int64_t t, int64_t hs,
+                  float scale, float* lse, Scratch& sc) {
+  const int64_t ld = h.ld_qkv;
+  kr.transpose(h.k, ld, t, hs, sc.kt.data(), sc.ldt);
+  float *s = sc.s.data(), *acc = sc.acc.data();
+  for (int64_t i0 = 0; i0 < t; i0 += kTile) {
+    const int64_t rows = std::min(kTile, t - i0);
+    std::fill(sc.m, sc.m + rows, -std::numeric_limits<float>::infinity());
+    std::fill(sc.l, sc.l + rows, 0.f);
+    for (int64_t j0 = 0; j0 <= i0; j0 += kTile) {
+      const bool diag = j0 == i0;
+      const int64_t nk = diag ? rows : kTile;
+      // S = scale Q_i K_j^T, then P = exp(S - m) with the running statistics
+      kr.product({rows, nk, hs, h.q + i0 * ld, ld, 1, sc.kt.data() + j0, sc.ldt, s, kTile, scale,
+                  false, diag ? TileCausal::cols_to_row : TileCausal::none});
+      kr.softmax_forward(s, kTile, rows, nk, diag, sc.m, sc.l, sc.corr);
+      if (j0 > 0) kr.scale_rows(acc, hs, rows, hs, sc.corr);
+      // acc (+)= P V_j
+      kr.product({rows, hs, nk, s, kTile, 1, h.v + j0 * ld, ld, acc, hs, 1.f, j0 > 0,
+                  diag ? TileCausal::k_to_row : TileCausal::none});
+    }
+    kr.finish_rows(acc, hs, rows, hs, sc.m, sc.l, h.o + i0 * h.ld_o, h.ld_o, lse + i0);
+  }
+}
+
+// Backward of one head: dq, dk, dv [T, hs] (each written whole) from q, k, v, o, dO and lse.
+void head_backward(const AttentionTileKernels& kr, const HeadView& h, int64_t t, int64_t hs,
+                   float scale, const float* lse, Scratch& sc) {
+  const int64_t ld = h.ld_qkv, ldd = h.ld_dqkv;
+  kr.transpose(h.k, ld, t, hs, sc.kt.data(), sc.ldt);
+  kr.transpose(h.v, ld, t, hs, sc.vt.data(), sc.ldt);
+  float *s = sc.s.data(), *dp = sc.dp.data();
+  for (int64_t i0 = 0; i0 < t; i0 += kTile) {
+    const int64_t rows = std::min(kTile, t - i0);
+    const float *q = h.q + i0 * ld, *g = h.g + i0 * h.ld_g;
+    // delta_i = rowsum(dO * O): the softmax Jacobian's diagonal term
+    kr.row_dots(h.o + i0 * h.ld_o, h.ld_o, g, h.ld_g, rows, hs, sc.delta);
+    for (int64_t j0 = 0; j0 <= i0; j0 += kTile) {
+      const bool diag = j0 == i0;
+      const int64_t nk = diag ? rows : kTile;
+      const TileCausal cols = diag ? TileCausal::cols_to_row : TileCausal::none;
+      kr.product({rows, nk, hs, q, ld, 1, sc.kt.data() + j0, sc.ldt, s, kTile, scale, false, cols});
+      kr.product(
+          {rows, nk, hs, g, h.ld_g, 1, sc.vt.data() + j0, sc.ldt, dp, kTile, 1.f, false, cols});
+      kr.softmax_backward(s, dp, kTile, rows, nk, diag, lse + i0, sc.delta, scale);
+      // Key tile j0 first meets queries on the diagonal (i0 == j0): written there, summed after.
+      const TileCausal keys = diag ? TileCausal::k_from_row : TileCausal::none;
+      kr.product({nk, hs, rows, s, 1, kTile, g, h.ld_g, h.dv + j0 * ldd, ldd, 1.f, !diag, keys});
+      kr.product({nk, hs, rows, dp, 1, kTile, q, ld, h.dk + j0 * ldd, ldd, 1.f, !diag, keys});
+      kr.product({rows, hs, nk, dp, kTile, 1, h.k + j0 * ld, ld, h.dq + i0 * ldd, ldd, 1.f, j0 > 0,
+                  diag ? TileCausal::k_to_row : TileCausal::none});
+    }
+  }
+}
+
+// Rows [0, t) of `hs` elements at column `col` of a [*, stride] tensor from row `base` on, to
+// or from a dense fp32 [t, hs] block.
+void widen_rows(const Tensor& src, int64_t base, int64_t stride, int64_t col, int64_t t, int64_t hs,
+                float* dst) {
   const size_t sz = dtype_size(src.dtype);
-  for (int64_t i = 0; i < t; ++i) {
-    const char* row =
-        static_cast<const char*>(src.data) + ((base + i) * stride + col) * int64_t(sz);
-    to_f32(row, src.dtype, dst + i * hs, hs, 1);
-  }
-}
-
-void scatter_head(const float* src, int64_t t, int64_t hs, const Tensor& dst, int64_t base,
-                  int64_t stride, int64_t col) {
-  const size_t sz = dtype_size(dst.dtype);
-  for (int64_t i = 0; i < t; ++i) {
-    char* row = static_cast<char*>(dst.data) + ((base + i) * stride + col) * int64_t(sz);
-    from_f32(src + i * hs, row, dst.dtype, hs, 1);
-  }
-}
-
-void transpose(const float* a, int64_t t, int64_t hs, int64_t tp, float* at) {
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t d = 0; d < hs; ++d) at[d * tp + i] = a[i * hs + d];
+    to_f32(static_cast<const char*>(src.data) + ((base + i) * stride + col) * int64_t(sz),
+           src.dtype, dst + i * hs, hs, 1);
+}
+void round_rows(const float* src, int64_t t, int64_t hs, const Tensor& dst, int64_t base,
+                int64_t stride, int64_t col) {
+  const size_t sz = dtype_size(dst.dtype);
+  for (int64_t i = 0; i < t; ++i)
+    from_f32(src + i * hs, static_cast<char*>(dst.data) + ((base + i) * stride + col) * int64_t(sz),
+             dst.dtype, hs, 1);
 }
 
-constexpr int kRows = 4;  // query rows scored together: 4 x 64 accumulators, one pass over k
-
-// acc_g[d] += sum_j w_g[j] * m_j[d] over j < n for kRows rows g (m_j = rows j0.. of m, [T, hs]):
-// 16 columns at a time in registers, each m row loaded once per chunk.
-RT_INLINE void accumulate_rows(const float (*w)[kTile], const float* m, int64_t hs, int64_t n,
-                               float* const* acc, int64_t nr) {
-  for (int64_t d0 = 0; d0 < hs; d0 += kChunk) {
-    float a0[kChunk] = {}, a1[kChunk] = {}, a2[kChunk] = {}, a3[kChunk] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      const float* mj = m + j * hs + d0;
-      const float w0 = w[0][j], w1 = w[1][j], w2 = w[2][j], w3 = w[3][j];
-#pragma omp simd
-      for (int64_t dd = 0; dd < kChunk; ++dd) {
-        a0[dd] += w0 * mj[dd];
-        a1[dd] += w1 * mj[dd];
-        a2[dd] += w2 * mj[dd];
-        a3[dd] += w3 * mj[dd];
-      }
-    }
-    const int64_t cw = std::min<int64_t>(kChunk, hs - d0);
-    float* const a[kRows] = {a0, a1, a2, a3};
-    for (int64_t g = 0; g < nr; ++g)
-      for (int64_t dd = 0; dd < cw; ++dd) acc[g][d0 + dd] += a[g][dd];
-  }
-}
-
-// s[r][0, kTile) = scale * (a_r . columns j0.. of mt) for kRows rows a_r; mt [hs, tp].
-RT_INLINE void scores_block(const float* const* a, const float* mt, int64_t tp, int64_t hs,
-                            int64_t j0, float scale, float (*s)[kTile]) {
-  float s0[kTile] = {}, s1[kTile] = {}, s2[kTile] = {}, s3[kTile] = {};
-  for (int64_t d = 0; d < hs; ++d) {
-    const float* m = mt + d * tp + j0;
-    const float a0 = a[0][d], a1 = a[1][d], a2 = a[2][d], a3 = a[3][d];
-#pragma omp simd
-    for (int64_t j = 0; j < kTile; ++j) {
-      s0[j] += a0 * m[j];
-      s1[j] += a1 * m[j];
-      s2[j] += a2 * m[j];
-      s3[j] += a3 * m[j];
-    }
-  }
-#pragma omp simd
-  for (int64_t j = 0; j < kTile; ++j) {
-    s[0][j] = s0[j] * scale;
-    s[1][j] = s1[j] * scale;
-    s[2][j] = s2[j] * scale;
-    s[3][j] = s3[j] * scale;
-  }
-}
-
-// Forward of one head: o [T, hs] and lse [T] from q, k, v (kt = k transposed).
-RT_INLINE void head_forward_body(HeadBuffers& hb, int64_t t, int64_t hs, float scale, float* lse) {
-  float s[kRows][kTile];
-  for (int64_t i0 = 0; i0 < t; i0 += kTile) {
-    const int64_t rows = std::min(kTile, t - i0);
-    float m[kTile], l[kTile];
-    for (int64_t r = 0; r < rows; ++r) {
-      m[r] = -std::numeric_limits<float>::infinity();
-      l[r] = 0.f;
-      std::fill(hb.o.begin() + (i0 + r) * hs, hb.o.begin() + (i0 + r + 1) * hs, 0.f);
-    }
-    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kTile) {
-      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-        const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-        const float* a[kRows];
-        for (int g = 0; g < kRows; ++g)
-          a[g] = hb.q.data() + (i0 + r0 + std::min<int64_t>(g, nr - 1)) * hs;
-        scores_block(a, hb.kt.data(), hb.tp, hs, j0, scale, s);
-        int64_t nmax = 0;
-        for (int64_t g = 0; g < kRows; ++g) {
-          const int64_t i = i0 + r0 + g;
-          // keys j0 .. i of this tile; the rest (and rows past the tile) are masked out
-          const int64_t n = g < nr ? std::clamp<int64_t>(i - j0 + 1, 0, kTile) : 0;
-          nmax = std::max(nmax, n);
-          if (n == 0) {
-            std::fill(s[g], s[g] + kTile, 0.f);
-            continue;
-          }
-          const int64_t r = r0 + g;
-          float mx = m[r];
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[g][j]);
-          const float corr = exp_fast(m[r] - mx);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < kTile; ++j) {
-            const float p = j < n ? exp_fast(s[g][j] - mx) : 0.f;
-            s[g][j] = p;
-            sum += p;
-          }
-          l[r] = l[r] * corr + sum;
-          m[r] = mx;
-          float* o = hb.o.data() + i * hs;
-#pragma omp simd
-          for (int64_t d = 0; d < hs; ++d) o[d] *= corr;
-        }
-        // o_r += sum_j p_rj v_j for the block's rows.
-        float* orow[kRows];
-        for (int g = 0; g < kRows; ++g)
-          orow[g] = hb.o.data() + (i0 + r0 + std::min<int64_t>(g, nr - 1)) * hs;
-        accumulate_rows(s, hb.v.data() + j0 * hs, hs, nmax, orow, nr);
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* o = hb.o.data() + (i0 + r) * hs;
-      const float inv = 1.f / l[r];
-#pragma omp simd
-      for (int64_t d = 0; d < hs; ++d) o[d] *= inv;
-      lse[i0 + r] = m[r] + std::log(l[r]);
-    }
-  }
-}
-
-// Backward of one head: dq, dk, dv [T, hs] from q, k, v, o, d_o and lse (kt, vt transposed).
-RT_INLINE void head_backward_body(HeadBuffers& hb, int64_t t, int64_t hs, float scale,
-                                  const float* lse) {
-  float s[kRows][kTile], dp[kRows][kTile];
-  std::fill(hb.dq.begin(), hb.dq.end(), 0.f);
-  std::fill(hb.dk.begin(), hb.dk.end(), 0.f);
-  std::fill(hb.dv.begin(), hb.dv.end(), 0.f);
-  for (int64_t i0 = 0; i0 < t; i0 += kTile) {
-    const int64_t rows = std::min(kTile, t - i0);
-    float delta[kTile];  // rowsum(dO * O): the softmax Jacobian's diagonal term
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* o = hb.o.data() + (i0 + r) * hs;
-      const float* g = hb.d_o.data() + (i0 + r) * hs;
-      float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t d = 0; d < hs; ++d) acc += o[d] * g[d];
-      delta[r] = acc;
-    }
-    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kTile) {
-      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-        const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-        const float *qa[kRows], *ga[kRows];
-        for (int g = 0; g < kRows; ++g) {
-          const int64_t i = i0 + r0 + std::min<int64_t>(g, nr - 1);
-          qa[g] = hb.q.data() + i * hs;
-          ga[g] = hb.d_o.data() + i * hs;
-        }
-        scores_block(qa, hb.kt.data(), hb.tp, hs, j0, scale, s);
-        scores_block(ga, hb.vt.data(), hb.tp, hs, j0, 1.f, dp);
-        int64_t nmax = 0;
-        for (int64_t g = 0; g < kRows; ++g) {
-          const int64_t i = i0 + r0 + g;
-          const int64_t n = g < nr ? std::clamp<int64_t>(i - j0 + 1, 0, kTile) : 0;
-          nmax = std::max(nmax, n);
-          const float li = g < nr ? lse[i] : 0.f, de = g < nr ? delta[r0 + g] : 0.f;
-#pragma omp simd
-          for (int64_t j = 0; j < kTile; ++j) {
-            const float p = j < n ? exp_fast(s[g][j] - li) : 0.f;
-            s[g][j] = p;                             // probability
-            dp[g][j] = p * (dp[g][j] - de) * scale;  // gradient of the unscaled dot product
-          }
-        }
-        // dq_r += sum_j ds_rj k_j (in registers over j); dk_j += sum_r ds_rj q_r and
-        // dv_j += sum_r p_rj dO_r (each dk/dv row read and written once per block).
-        float* dqrow[kRows];
-        for (int g = 0; g < kRows; ++g)
-          dqrow[g] = hb.dq.data() + (i0 + r0 + std::min<int64_t>(g, nr - 1)) * hs;
-        accumulate_rows(dp, hb.k.data() + j0 * hs, hs, nmax, dqrow, nr);
-        for (int64_t j = 0; j < nmax; ++j) {
-          float* dk = hb.dk.data() + (j0 + j) * hs;
-          float* dv = hb.dv.data() + (j0 + j) * hs;
-          const float d0 = dp[0][j], d1 = dp[1][j], d2 = dp[2][j], d3 = dp[3][j];
-          const float p0 = s[0][j], p1 = s[1][j], p2 = s[2][j], p3 = s[3][j];
-#pragma omp simd
-          for (int64_t d = 0; d < hs; ++d) {
-            dk[d] += d0 * qa[0][d] + d1 * qa[1][d] + d2 * qa[2][d] + d3 * qa[3][d];
-            dv[d] += p0 * ga[0][d] + p1 * ga[1][d] + p2 * ga[2][d] + p3 * ga[3][d];
-          }
-        }
-      }
-    }
-  }
-}
-
-void head_forward_base(HeadBuffers& hb, int64_t t, int64_t hs, float scale, float* lse) {
-  head_forward_body(hb, t, hs, scale, lse);
-}
-RT_AVX512_TARGET void head_forward_avx512(HeadBuffers& hb, int64_t t, int64_t hs, float scale,
-                                          float* lse) {
-  head_forward_body(hb, t, hs, scale, lse);
-}
-void head_backward_base(HeadBuffers& hb, int64_t t, int64_t hs, float scale, const float* lse) {
-  head_backward_body(hb, t, hs, scale, lse);
-}
-RT_AVX512_TARGET void head_backward_avx512(HeadBuffers& hb, int64_t t, int64_t hs, float scale,
-                                           const float* lse) {
-  head_backward_body(hb, t, hs, scale, lse);
-}
-
-// Runs fn(hb, u, base, col) for every (sample, head) unit u over `threads` threads, with
-// the unit's q, k and v gathered into hb and k transposed (base: the sample's first row;
-// col: the head's first column).
+// Runs fn(scratch, u, base, col) for every (sample, head) unit u over `threads` threads
+// (base: the sample's first row; col: the head's first column), each thread with its own
+// scratch sized for `dense_blocks` [T, hs] fp32 blocks.
 template <typename Fn>
-void for_each_head(const AttentionDims& d, const Tensor& qkv, int threads, Fn&& fn) {
+void for_each_head(const AttentionDims& d, int threads, int64_t dense_blocks, Fn&& fn) {
   const int64_t units = d.b * d.heads;
 #pragma omp parallel num_threads(threads) if (threads > 1 && units > 1)
   {
-    HeadBuffers hb;
-    hb.resize(d.t, d.hs);
+    thread_local Scratch sc;
+    sc.size(d.t, d.hs, dense_blocks);
 #pragma omp for schedule(static)
-    for (int64_t u = 0; u < units; ++u) {
-      const int64_t base = u / d.heads * d.t, col = u % d.heads * d.hs;
-      gather_head(qkv, base, d.t, 3 * d.c, col, d.hs, hb.q.data());
-      gather_head(qkv, base, d.t, 3 * d.c, d.c + col, d.hs, hb.k.data());
-      gather_head(qkv, base, d.t, 3 * d.c, 2 * d.c + col, d.hs, hb.v.data());
-      transpose(hb.k.data(), d.t, d.hs, hb.tp, hb.kt.data());
-      fn(hb, u, base, col);
-    }
+    for (int64_t u = 0; u < units; ++u) fn(sc, u, u / d.heads * d.t, u % d.heads * d.hs);
   }
 }
 
@@ -284,14 +153,32 @@ void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tenso
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   if (attention_as_gemms(qkv, qkv)) return attention_forward_gemm(d, qkv, out, lse);
   const float scale = 1.f / std::sqrt(float(d.hs));
-  const bool avx512 = use_avx512();
-  for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {
-    float* l = lse.as<float>() + u * d.t;
-    if (avx512)
-      head_forward_avx512(hb, d.t, d.hs, scale, l);
-    else
-      head_forward_base(hb, d.t, d.hs, scale, l);
-    scatter_head(hb.o.data(), d.t, d.hs, out, base, d.c, col);
+  const AttentionTileKernels& kr = attention_tile_kernels(opts_.attention_avx512 && use_avx512());
+  const bool f32 = qkv.dtype == DType::f32 && out.dtype == DType::f32;
+  const int64_t t = d.t, hs = d.hs, c = d.c;
+  for_each_head(d, threads_, f32 ? 0 : 4, [&](Scratch& sc, int64_t u, int64_t base, int64_t col) {
+    float* l = lse.as<float>() + u * t;
+    if (f32) {
+      const float* x = qkv.as<float>() + base * 3 * c + col;
+      const HeadView h{.q = x,
+                       .k = x + c,
+                       .v = x + 2 * c,
+                       .ld_qkv = 3 * c,
+                       .o = out.as<float>() + base * c + col,
+                       .ld_o = c};
+      return head_forward(kr, h, t, hs, scale, l, sc);
+    }
+    float* q = sc.dense.data();  // q, k, v, o: [T, hs] each
+    for (int64_t part = 0; part < 3; ++part)
+      widen_rows(qkv, base, 3 * c, part * c + col, t, hs, q + part * t * hs);
+    const HeadView h{.q = q,
+                     .k = q + t * hs,
+                     .v = q + 2 * t * hs,
+                     .ld_qkv = hs,
+                     .o = q + 3 * t * hs,
+                     .ld_o = hs};
+    head_forward(kr, h, t, hs, scale, l, sc);
+    round_rows(h.o, t, hs, out, base, c, col);
   });
 }
 
@@ -303,19 +190,51 @@ void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tens
            shape_str(out.shape), " and ", shape_str(qkv.shape));
   if (attention_as_gemms(qkv, dout)) return attention_backward_gemm(d, qkv, out, dout, lse, dqkv);
   const float scale = 1.f / std::sqrt(float(d.hs));
-  const bool avx512 = use_avx512();
-  for_each_head(d, qkv, threads_, [&](HeadBuffers& hb, int64_t u, int64_t base, int64_t col) {
-    gather_head(out, base, d.t, d.c, col, d.hs, hb.o.data());
-    gather_head(dout, base, d.t, d.c, col, d.hs, hb.d_o.data());
-    transpose(hb.v.data(), d.t, d.hs, hb.tp, hb.vt.data());
-    const float* l = lse.as<float>() + u * d.t;
-    if (avx512)
-      head_backward_avx512(hb, d.t, d.hs, scale, l);
-    else
-      head_backward_base(hb, d.t, d.hs, scale, l);
-    scatter_head(hb.dq.data(), d.t, d.hs, dqkv, base, 3 * d.c, col);
-    scatter_head(hb.dk.data(), d.t, d.hs, dqkv, base, 3 * d.c, d.c + col);
-    scatter_head(hb.dv.data(), d.t, d.hs, dqkv, base, 3 * d.c, 2 * d.c + col);
+  const AttentionTileKernels& kr = attention_tile_kernels(opts_.attention_avx512 && use_avx512());
+  const bool f32 = qkv.dtype == DType::f32 && out.dtype == DType::f32 && dout.dtype == DType::f32 &&
+                   dqkv.dtype == DType::f32;
+  const int64_t t = d.t, hs = d.hs, c = d.c;
+  for_each_head(d, threads_, f32 ? 0 : 8, [&](Scratch& sc, int64_t u, int64_t base, int64_t col) {
+    const float* l = lse.as<float>() + u * t;
+    if (f32) {
+      const float* x = qkv.as<float>() + base * 3 * c + col;
+      float* dx = dqkv.as<float>() + base * 3 * c + col;
+      const HeadView h{.q = x,
+                       .k = x + c,
+                       .v = x + 2 * c,
+                       .ld_qkv = 3 * c,
+                       .o = out.as<float>() + base * c + col,
+                       .ld_o = c,
+                       .g = dout.as<float>() + base * c + col,
+                       .ld_g = c,
+                       .dq = dx,
+                       .dk = dx + c,
+                       .dv = dx + 2 * c,
+                       .ld_dqkv = 3 * c};
+      return head_backward(kr, h, t, hs, scale, l, sc);
+    }
+    // q, k, v, o, dO, then dq, dk, dv: [T, hs] each
+    float* b = sc.dense.data();
+    const auto block = [&](int i) { return b + i * t * hs; };
+    for (int64_t part = 0; part < 3; ++part)
+      widen_rows(qkv, base, 3 * c, part * c + col, t, hs, block(int(part)));
+    widen_rows(out, base, c, col, t, hs, block(3));
+    widen_rows(dout, base, c, col, t, hs, block(4));
+    const HeadView h{.q = block(0),
+                     .k = block(1),
+                     .v = block(2),
+                     .ld_qkv = hs,
+                     .o = block(3),
+                     .ld_o = hs,
+                     .g = block(4),
+                     .ld_g = hs,
+                     .dq = block(5),
+                     .dk = block(6),
+                     .dv = block(7),
+                     .ld_dqkv = hs};
+    head_backward(kr, h, t, hs, scale, l, sc);
+    for (int64_t part = 0; part < 3; ++part)
+      round_rows(block(5 + int(part)), t, hs, dqkv, base, 3 * c, part * c + col);
   });
 }
 

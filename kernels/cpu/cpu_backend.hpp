@@ -32,6 +32,9 @@ struct CpuOptions {
   // on native 16-bit inputs (AMX); in fp32 the loops are as fast or faster, each oneDNN call
   // costing more than a small tile's arithmetic.
   enum class AttentionPath { automatic, gemm, loops } attention = AttentionPath::automatic;
+  // The attention tile kernels (attention_tiles.hpp) in their AVX-512 build where the CPU has
+  // it; false: their baseline x86-64 build (so tests can check both on one machine).
+  bool attention_avx512 = true;
   static CpuOptions from_env();
 };
 

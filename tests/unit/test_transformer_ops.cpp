@@ -8,7 +8,8 @@
 //  - fp16/bf16 inputs against fp32 on the same (rounded) inputs;
 //  - 1 and 2 threads give bitwise identical results (the kernels sum in a fixed order), and
 //    two runs on 2 threads too;
-//  - attention on both CPU paths: oneDNN tile GEMMs and the vector loops.
+//  - attention on every CPU path: oneDNN tile GEMMs and the tile kernels (AVX-512 and
+//    baseline builds).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -180,16 +181,20 @@ AttnRun run_attention(kernels::Backend& be, const AttnCase& c, DType t,
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 
-// Both CPU attention paths, whatever this CPU's default: oneDNN tile GEMMs and vector loops.
-std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> both_paths(int threads) {
+// Every CPU attention path, whatever this CPU's default: oneDNN tile GEMMs, and the tile
+// kernels in their AVX-512 build (where the CPU has it) and their baseline x86-64 build.
+std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> all_paths(int threads) {
   using Path = kernels::cpu::CpuOptions::AttentionPath;
   std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> v;
-  for (auto path : {Path::gemm, Path::loops}) {
+  const auto add = [&](const std::string& name, Path path, bool avx512) {
     kernels::cpu::CpuOptions o = kernels::cpu::CpuOptions::from_env();
     o.attention = path;
-    v.emplace_back(path == Path::gemm ? "oneDNN tile GEMMs" : "vector loops",
-                   std::make_unique<kernels::cpu::CpuBackend>(threads, o));
-  }
+    o.attention_avx512 = avx512;
+    v.emplace_back(name, std::make_unique<kernels::cpu::CpuBackend>(threads, o));
+  };
+  add("oneDNN tile GEMMs", Path::gemm, true);
+  add("tile kernels, AVX-512 where available", Path::loops, true);
+  add("tile kernels, baseline x86-64", Path::loops, false);
   return v;
 }
 
@@ -199,7 +204,7 @@ TEST_P(Attention, MatchesNaiveReferenceInFp32) {
   const auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 11);
   const auto dout = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 12);
   const NaiveAttention ref = naive_attention(c, qkv, dout);
-  for (auto& [path, be] : both_paths(1)) {
+  for (auto& [path, be] : all_paths(1)) {
     const AttnRun r = run_attention(*be, c, DType::f32, qkv, dout);
     EXPECT_LE(rel_err_d(r.out, ref.out), 2e-6) << path << " output";
     EXPECT_LE(rel_err_d(r.lse, ref.lse), 2e-6) << path << " log-sum-exp";
@@ -212,7 +217,7 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   const int64_t C = c.heads * c.hs;
   auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -1.f, 1.f, 21);
   const auto r = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 22);
-  for (auto& [path, be] : both_paths(1)) {
+  for (auto& [path, be] : all_paths(1)) {
     SCOPED_TRACE(path);
     const AttnRun run = run_attention(*be, c, DType::f32, qkv, r);
     check_fd("dqkv", qkv, run.dqkv,
@@ -223,7 +228,7 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
 TEST_P(Attention, SixteenBitCloseToFp32) {
   const AttnCase c = GetParam();
   const int64_t C = c.heads * c.hs;
-  for (auto& [path, be] : both_paths(1))
+  for (auto& [path, be] : all_paths(1))
     for (DType t : {DType::bf16, DType::f16}) {
       const auto qkv = rounded(uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 31), t);
       const auto dout = rounded(uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 32), t);
@@ -244,7 +249,7 @@ TEST_P(Attention, ThreadCountDoesNotChangeBits) {
   const int64_t C = c.heads * c.hs;
   const auto qkv = uniform_floats(size_t(c.b * c.t * 3 * C), -2.f, 2.f, 41);
   const auto dout = uniform_floats(size_t(c.b * c.t * C), -1.f, 1.f, 42);
-  auto ones = both_paths(1), twos = both_paths(2);
+  auto ones = all_paths(1), twos = all_paths(2);
   for (size_t k = 0; k < ones.size(); ++k) {
     const std::string& path = ones[k].first;
     const AttnRun a = run_attention(*ones[k].second, c, DType::f32, qkv, dout);
@@ -264,7 +269,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            AttnCase{1, 70, 2, 8},   // T not a multiple of 64
                                            AttnCase{2, 64, 2, 16},  // exactly one tile
                                            AttnCase{1, 130, 3, 8},  // three tiles, last partial
-                                           AttnCase{2, 200, 4, 32}),
+                                           AttnCase{2, 200, 4, 32},
+                                           // head sizes around the 16-float vectors of the
+                                           // tile kernels: a vector and a part, four vectors
+                                           // (gpt2-124m), one float, more than 64 columns
+                                           AttnCase{1, 65, 1, 24},  // T one past the tile
+                                           AttnCase{1, 130, 2, 64}, AttnCase{2, 33, 3, 1},
+                                           AttnCase{1, 80, 1, 80}),
                          [](const auto& info) { return name_of(info.param); });
 
 TEST(AttentionMask, FutureTokensDoNotReachThePast) {
