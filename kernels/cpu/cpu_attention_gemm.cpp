@@ -1,7 +1,7 @@
 // CPU causal multi-head self-attention as tile GEMMs through oneDNN: the path CpuBackend takes
 // when oneDNN is its GEMM provider and runs bf16 natively (CpuOptions::attention;
-// cpu_attention.cpp's vector loops otherwise). Per (batch,
-// head) and query tile of kTile rows, keys 0 .. n-1 up to the tile's last query:
+// cpu_attention.cpp's own tile kernels otherwise). Per (batch, head) and query tile of kTile rows,
+// keys 0 .. n-1 up to the tile's last query:
 //   forward   S = scale Q K^T [rows, n] (GEMM), P = softmax(S) row by row under the causal
 //             mask (fp32), O = P V (GEMM) straight into the output; lse saved per query.
 //   backward  S recomputed, P = exp(S - lse), dP = dO V^T (GEMM), dS = P (dP - delta) scale,
@@ -113,7 +113,7 @@ void for_each_unit(const AttentionDims& d, int threads, Size&& size, Fn&& fn) {
 
 bool CpuBackend::attention_as_gemms(const Tensor& a, const Tensor& b) {
   using Path = CpuOptions::AttentionPath;
-  if (opts_.attention == Path::loops) return false;
+  if (opts_.attention == Path::tile_kernels) return false;
   if (opts_.attention == Path::gemm) return true;
   return opts_.gemm == GemmProvider::onednn && attention_gemm_dtype(a, b) != DType::f32;
 }

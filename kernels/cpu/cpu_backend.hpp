@@ -27,13 +27,13 @@ struct CpuOptions {
   bool blocked_layout = true;
   // oneDNN's Winograd convolution for 3x3 stride-1 fp32 layers of 16+ channels (else direct).
   bool conv_winograd = true;
-  // Attention as oneDNN tile GEMMs (cpu_attention_gemm.cpp) or vector loops
-  // (cpu_attention.cpp). automatic: tile GEMMs when oneDNN is the GEMM provider and runs them
-  // on native 16-bit inputs (AMX); in fp32 the loops are as fast or faster, each oneDNN call
-  // costing more than a small tile's arithmetic.
-  enum class AttentionPath { automatic, gemm, loops } attention = AttentionPath::automatic;
-  // The attention tile kernels (attention_tiles.hpp) in their AVX-512 build where the CPU has
-  // it; false: their baseline x86-64 build (so tests can check both on one machine).
+  // Attention as oneDNN tile GEMMs (cpu_attention_gemm.cpp) or our own fp32 tile kernels
+  // (cpu_attention.cpp, attention_tiles.hpp). automatic: oneDNN when it is the GEMM provider
+  // and runs them on native 16-bit inputs (AMX); in fp32 our kernels are faster, each oneDNN
+  // call costing more than a small tile's arithmetic.
+  enum class AttentionPath { automatic, gemm, tile_kernels } attention = AttentionPath::automatic;
+  // Our attention tile kernels in their AVX-512 build where the CPU has it; false: their
+  // baseline x86-64 build (so tests can check both on one machine).
   bool attention_avx512 = true;
   static CpuOptions from_env();
 };

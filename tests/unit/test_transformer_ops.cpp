@@ -193,8 +193,8 @@ std::vector<std::pair<std::string, std::unique_ptr<kernels::Backend>>> all_paths
     v.emplace_back(name, std::make_unique<kernels::cpu::CpuBackend>(threads, o));
   };
   add("oneDNN tile GEMMs", Path::gemm, true);
-  add("tile kernels, AVX-512 where available", Path::loops, true);
-  add("tile kernels, baseline x86-64", Path::loops, false);
+  add("tile kernels, AVX-512 where available", Path::tile_kernels, true);
+  add("tile kernels, baseline x86-64", Path::tile_kernels, false);
   return v;
 }
 
