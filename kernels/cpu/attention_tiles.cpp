@@ -41,50 +41,7 @@ RT_INLINE BlockRange block_range(const TileProduct& p, int64_t c0, int64_t nc, i
   return br;
 }
 
-// ---- row passes, written once and compiled for both ISAs --------------------------------------
-
-RT_INLINE void softmax_forward_body(float* s, int64_t ld, int64_t rows, int64_t n, bool diagonal,
-                                    float* m, float* l, float* corr) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * ld;
-    const int64_t nr = diagonal ? r + 1 : n, nv = round_lanes(nr);  // nv <= ld (64)
-    float mx = m[r];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < nv; ++j) {
-      const float v = j < nr ? sr[j] : kNegInf;
-      mx = v > mx ? v : mx;
-    }
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < nv; ++j) {
-      const float p = j < nr ? exp_fast(sr[j] - mx) : 0.f;
-      sr[j] = p;
-      sum += p;
-    }
-    for (int64_t j = nv; j < n; ++j) sr[j] = 0.f;
-    corr[r] = exp_fast(m[r] - mx);
-    l[r] = l[r] * corr[r] + sum;
-    m[r] = mx;
-  }
-}
-
-RT_INLINE void softmax_backward_body(float* s, float* dp, int64_t ld, int64_t rows, int64_t n,
-                                     bool diagonal, const float* lse, const float* delta,
-                                     float scale) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float *sr = s + r * ld, *dr = dp + r * ld;
-    const int64_t nr = diagonal ? r + 1 : n, nv = round_lanes(nr);
-    const float li = lse[r], de = delta[r];
-#pragma omp simd
-    for (int64_t j = 0; j < nv; ++j) {
-      const bool in = j < nr;
-      const float p = in ? exp_fast(sr[j] - li) : 0.f;
-      sr[j] = p;
-      dr[j] = in ? p * (dr[j] - de) * scale : 0.f;
-    }
-    for (int64_t j = nv; j < n; ++j) sr[j] = dr[j] = 0.f;
-  }
-}
+// ---- row passes compiled for both ISAs -------------------------------------------------------
 
 RT_INLINE void scale_rows_body(float* x, int64_t ld, int64_t rows, int64_t hs, const float* f) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -108,8 +65,54 @@ RT_INLINE void finish_rows_body(const float* acc, int64_t lda, int64_t rows, int
   }
 }
 
-RT_INLINE void row_dots_body(const float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows,
-                             int64_t hs, float* dot) {
+// ---- baseline x86-64 ----------------------------------------------------------------------
+
+// The row loops run to a multiple of 16 columns with the masked ones selected away, so they
+// vectorise without a scalar tail.
+void softmax_forward_base(float* s, int64_t ld, int64_t rows, int64_t n, bool diagonal, float* m,
+                          float* l, float* corr) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * ld;
+    const int64_t nr = diagonal ? r + 1 : n, nv = round_lanes(nr);  // nv <= ld (64)
+    float mx = m[r];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < nv; ++j) {
+      const float v = j < nr ? sr[j] : kNegInf;
+      mx = v > mx ? v : mx;
+    }
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < nv; ++j) {
+      const float p = j < nr ? exp_fast(sr[j] - mx) : 0.f;
+      sr[j] = p;
+      sum += p;
+    }
+    for (int64_t j = nv; j < n; ++j) sr[j] = 0.f;
+    corr[r] = exp_fast(m[r] - mx);
+    l[r] = l[r] * corr[r] + sum;
+    m[r] = mx;
+  }
+}
+
+void softmax_backward_base(float* s, float* dp, int64_t ld, int64_t rows, int64_t n, bool diagonal,
+                           const float* lse, const float* delta, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float *sr = s + r * ld, *dr = dp + r * ld;
+    const int64_t nr = diagonal ? r + 1 : n, nv = round_lanes(nr);
+    const float li = lse[r], de = delta[r];
+#pragma omp simd
+    for (int64_t j = 0; j < nv; ++j) {
+      const bool in = j < nr;
+      const float p = in ? exp_fast(sr[j] - li) : 0.f;
+      sr[j] = p;
+      dr[j] = in ? p * (dr[j] - de) * scale : 0.f;
+    }
+    for (int64_t j = nv; j < n; ++j) sr[j] = dr[j] = 0.f;
+  }
+}
+
+void row_dots_base(const float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows,
+                   int64_t hs, float* dot) {
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * ldx, *yr = y + r * ldy;
     float acc = 0.f;
@@ -118,8 +121,6 @@ RT_INLINE void row_dots_body(const float* x, int64_t ldx, const float* y, int64_
     dot[r] = acc;
   }
 }
-
-// ---- baseline x86-64 ----------------------------------------------------------------------
 
 // One row at a time, its (up to 64) results in an array the compiler vectorises over.
 void product_base(const TileProduct& p) {
@@ -146,24 +147,12 @@ void transpose_base(const float* src, int64_t lds, int64_t t, int64_t hs, float*
     for (int64_t d = 0; d < hs; ++d) dst[d * ldt + i] = src[i * lds + d];
 }
 
-void softmax_forward_base(float* s, int64_t ld, int64_t rows, int64_t n, bool diagonal, float* m,
-                          float* l, float* corr) {
-  softmax_forward_body(s, ld, rows, n, diagonal, m, l, corr);
-}
-void softmax_backward_base(float* s, float* dp, int64_t ld, int64_t rows, int64_t n, bool diagonal,
-                           const float* lse, const float* delta, float scale) {
-  softmax_backward_body(s, dp, ld, rows, n, diagonal, lse, delta, scale);
-}
 void scale_rows_base(float* x, int64_t ld, int64_t rows, int64_t hs, const float* f) {
   scale_rows_body(x, ld, rows, hs, f);
 }
 void finish_rows_base(const float* acc, int64_t lda, int64_t rows, int64_t hs, const float* m,
                       const float* l, float* out, int64_t ldo, float* lse) {
   finish_rows_body(acc, lda, rows, hs, m, l, out, ldo, lse);
-}
-void row_dots_base(const float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows,
-                   int64_t hs, float* dot) {
-  row_dots_body(x, ldx, y, ldy, rows, hs, dot);
 }
 
 // ---- AVX-512 ------------------------------------------------------------------------------
