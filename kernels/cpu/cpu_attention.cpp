@@ -10,8 +10,6 @@
 // out [B*T, C]); 16-bit ones are widened to fp32 per head and rounded once on the way out.
 // One (batch, head) per thread: each output element is written by one thread in a fixed order
 // (deterministic for any thread count).
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -35,7 +33,7 @@ struct HeadView {
   int64_t ld_qkv = 0;
   float* o = nullptr;  // written by forward, read by backward
   int64_t ld_o = 0;
-  const float* g = nullptr;  // backward only, as the rest
+  const float* g = nullptr;  // dO and below: backward only
   int64_t ld_g = 0;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;
   int64_t ld_dqkv = 0;
