@@ -331,21 +331,22 @@ RT_AVX512_TARGET void softmax_forward_avx512(float* s, int64_t ld, int64_t rows,
   const int64_t nvec = (n + kLanes - 1) / kLanes;  // <= 4: n <= kAttnTile
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * ld;
-    const int64_t nr = diagonal ? r + 1 : n;
+    const int64_t nr = diagonal ? r + 1 : n, live = (nr + kLanes - 1) / kLanes;
     __m512 x[4], vmax = neg_inf;
-    for (int64_t v = 0; v < nvec; ++v) {
+    for (int64_t v = 0; v < live; ++v) {
       x[v] = _mm512_mask_loadu_ps(neg_inf, lanes_below(nr, v * kLanes), sr + v * kLanes);
       vmax = _mm512_max_ps(vmax, x[v]);
     }
     const float mx = std::max(m[r], _mm512_reduce_max_ps(vmax));
     const __m512 vmx = _mm512_set1_ps(mx);
     __m512 vsum = _mm512_setzero_ps();
-    for (int64_t v = 0; v < nvec; ++v) {
+    for (int64_t v = 0; v < live; ++v) {
       const __m512 p =
           _mm512_maskz_mov_ps(lanes_below(nr, v * kLanes), exp_avx512(_mm512_sub_ps(x[v], vmx)));
       _mm512_storeu_ps(sr + v * kLanes, p);
       vsum = _mm512_add_ps(vsum, p);
     }
+    for (int64_t v = live; v < nvec; ++v) _mm512_storeu_ps(sr + v * kLanes, _mm512_setzero_ps());
     corr[r] = exp_fast(m[r] - mx);
     l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(vsum);
     m[r] = mx;
@@ -359,15 +360,19 @@ RT_AVX512_TARGET void softmax_backward_avx512(float* s, float* dp, int64_t ld, i
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < rows; ++r) {
     float *sr = s + r * ld, *dr = dp + r * ld;
-    const int64_t nr = diagonal ? r + 1 : n;
+    const int64_t nr = diagonal ? r + 1 : n, live = (nr + kLanes - 1) / kLanes;
     const __m512 li = _mm512_set1_ps(lse[r]), de = _mm512_set1_ps(delta[r]);
-    for (int64_t v = 0; v < nvec; ++v) {
+    for (int64_t v = 0; v < live; ++v) {
       const __mmask16 in = lanes_below(nr, v * kLanes);
       const __m512 p =
           _mm512_maskz_mov_ps(in, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(sr + v * kLanes), li)));
       const __m512 g = _mm512_sub_ps(_mm512_loadu_ps(dr + v * kLanes), de);
       _mm512_storeu_ps(sr + v * kLanes, p);
       _mm512_storeu_ps(dr + v * kLanes, _mm512_maskz_mul_ps(in, _mm512_mul_ps(p, g), vscale));
+    }
+    for (int64_t v = live; v < nvec; ++v) {  // wholly past the diagonal
+      _mm512_storeu_ps(sr + v * kLanes, _mm512_setzero_ps());
+      _mm512_storeu_ps(dr + v * kLanes, _mm512_setzero_ps());
     }
   }
 }
