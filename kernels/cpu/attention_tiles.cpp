@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/vec512.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace ringtrain::kernels::cpu {
@@ -299,30 +300,6 @@ RT_AVX512_TARGET void transpose_avx512(const float* src, int64_t lds, int64_t t,
   }
 }
 
-// e^x on 16 lanes: exp_fast's range reduction and polynomial (vec_math.hpp) with FMAs, and
-// 2^n applied by VSCALEFPS.
-RT_AVX512_TARGET RT_INLINE __m512 exp_avx512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Lanes [0, n) of a vector starting at column v0 (n may be <= 0 or >= 16).
-RT_AVX512_TARGET RT_INLINE __mmask16 lanes_below(int64_t n, int64_t v0) {
-  const int64_t k = std::clamp<int64_t>(n - v0, 0, kLanes);
-  return __mmask16((1u << k) - 1u);
-}
-
 // The row passes with the reductions as vector trees (a compiler-vectorised reduction ends in
 // 16 dependent scalar adds per row, which cost more than the row's arithmetic).
 RT_AVX512_TARGET void softmax_forward_avx512(float* s, int64_t ld, int64_t rows, int64_t n,
@@ -334,7 +311,7 @@ RT_AVX512_TARGET void softmax_forward_avx512(float* s, int64_t ld, int64_t rows,
     const int64_t nr = diagonal ? r + 1 : n, live = (nr + kLanes - 1) / kLanes;
     __m512 x[4], vmax = neg_inf;
     for (int64_t v = 0; v < live; ++v) {
-      x[v] = _mm512_mask_loadu_ps(neg_inf, lanes_below(nr, v * kLanes), sr + v * kLanes);
+      x[v] = _mm512_mask_loadu_ps(neg_inf, v512::tail_mask(v * kLanes, nr), sr + v * kLanes);
       vmax = _mm512_max_ps(vmax, x[v]);
     }
     const float mx = std::max(m[r], _mm512_reduce_max_ps(vmax));
@@ -342,7 +319,7 @@ RT_AVX512_TARGET void softmax_forward_avx512(float* s, int64_t ld, int64_t rows,
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t v = 0; v < live; ++v) {
       const __m512 p =
-          _mm512_maskz_mov_ps(lanes_below(nr, v * kLanes), exp_avx512(_mm512_sub_ps(x[v], vmx)));
+          _mm512_maskz_mov_ps(v512::tail_mask(v * kLanes, nr), v512::exp(_mm512_sub_ps(x[v], vmx)));
       _mm512_storeu_ps(sr + v * kLanes, p);
       vsum = _mm512_add_ps(vsum, p);
     }
@@ -363,9 +340,9 @@ RT_AVX512_TARGET void softmax_backward_avx512(float* s, float* dp, int64_t ld, i
     const int64_t nr = diagonal ? r + 1 : n, live = (nr + kLanes - 1) / kLanes;
     const __m512 li = _mm512_set1_ps(lse[r]), de = _mm512_set1_ps(delta[r]);
     for (int64_t v = 0; v < live; ++v) {
-      const __mmask16 in = lanes_below(nr, v * kLanes);
+      const __mmask16 in = v512::tail_mask(v * kLanes, nr);
       const __m512 p =
-          _mm512_maskz_mov_ps(in, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(sr + v * kLanes), li)));
+          _mm512_maskz_mov_ps(in, v512::exp(_mm512_sub_ps(_mm512_loadu_ps(sr + v * kLanes), li)));
       const __m512 g = _mm512_sub_ps(_mm512_loadu_ps(dr + v * kLanes), de);
       _mm512_storeu_ps(sr + v * kLanes, p);
       _mm512_storeu_ps(dr + v * kLanes, _mm512_maskz_mul_ps(in, _mm512_mul_ps(p, g), vscale));
@@ -392,7 +369,7 @@ RT_AVX512_TARGET void row_dots_avx512(const float* x, int64_t ldx, const float* 
     const float *xr = x + r * ldx, *yr = y + r * ldy;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t d = 0; d < hs; d += kLanes) {
-      const __mmask16 in = lanes_below(hs, d);
+      const __mmask16 in = v512::tail_mask(d, hs);
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, xr + d), _mm512_maskz_loadu_ps(in, yr + d),
                             acc);
     }

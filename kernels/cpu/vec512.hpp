@@ -3,7 +3,8 @@
 // scalar code's rounding (core/dtype.hpp: nearest-even, nan quieted), so a 16-bit tensor is
 // widened and rounded in registers instead of in a separate pass over a block; and
 // e^x / sigmoid for fp32 lanes. Only for functions compiled with RT_AVX512_TARGET
-// (vec_math.hpp), called when use_avx512() says the CPU has it.
+// (vec_math.hpp), called when use_avx512() says the CPU has it. The attention's softmax
+// (attention_tiles.cpp) uses exp() and tail_mask() too.
 #pragma once
 
 #include <immintrin.h>
