@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt_ref.hpp"
 #include "layer_test_util.hpp"
 #include "nn/graph_builder.hpp"
 
@@ -33,20 +34,7 @@ class TorchRef : public ::testing::Test {
     if (file_ >= 0) H5Fclose(file_);
   }
   std::vector<float> read(const std::string& name, Shape* shape = nullptr) {
-    hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
-    EXPECT_GE(ds, 0) << "no dataset " << name;
-    if (ds < 0) return {};
-    hid_t sp = H5Dget_space(ds);
-    const int rank = H5Sget_simple_extent_ndims(sp);
-    std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
-    H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
-    Shape s(dims.begin(), dims.end());
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-    H5Sclose(sp);
-    H5Dclose(ds);
-    if (shape) *shape = s;
-    return v;
+    return gpt_ref::read_dataset<float>(file_, name, H5T_NATIVE_FLOAT, shape);
   }
   int64_t attr(const std::string& group, const char* name) {
     int64_t v = 0;
