@@ -26,36 +26,41 @@ struct Result {
   std::vector<float> out, lse, dqkv;
 };
 
+// One case's inputs and outputs, on the host and the device (the same seeds every time).
+struct Buffers {
+  Pair qkv, out, lse, dout, dqkv;
+  Buffers(DType dt, int64_t b, int64_t t, int64_t heads, int64_t hs) {
+    const int64_t c = heads * hs;
+    qkv = make_pair({b, t, 3 * c}, dt, uniform(b * t * 3 * c, -1.5f, 1.5f, 21));
+    out = make_pair({b, t, c}, dt);
+    lse = make_pair({b, heads, t}, DType::f32);
+    dout = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 22));
+    dqkv = make_pair({b, t, 3 * c}, dt);
+  }
+};
+
 // Forward and backward on the GPU under `mode`; `want_cudnn` and `want_kernel` are the
 // calls each path must have taken (2 per case: forward and backward).
 Result run_gpu(const char* mode, DType dt, int64_t b, int64_t t, int64_t heads, int64_t hs,
                int64_t want_cudnn, int64_t want_kernel) {
   ScopedEnv env("RINGTRAIN_CUDA_ATTENTION", mode);
-  const int64_t c = heads * hs;
   kernels::Backend& gpu = gpu_backend();
-  Pair qkv = make_pair({b, t, 3 * c}, dt, uniform(b * t * 3 * c, -1.5f, 1.5f, 21));
-  Pair out = make_pair({b, t, c}, dt), lse = make_pair({b, heads, t}, DType::f32);
-  Pair dout = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 22));
-  Pair dqkv = make_pair({b, t, 3 * c}, dt);
+  Buffers x(dt, b, t, heads, hs);
   const AttentionCalls before = attention_calls();
-  gpu.attention_forward(heads, qkv.d(), out.d(), lse.d());
-  gpu.attention_backward(heads, qkv.d(), out.d(), dout.d(), lse.d(), dqkv.d());
+  gpu.attention_forward(heads, x.qkv.d(), x.out.d(), x.lse.d());
+  gpu.attention_backward(heads, x.qkv.d(), x.out.d(), x.dout.d(), x.lse.d(), x.dqkv.d());
   const AttentionCalls after = attention_calls();
   EXPECT_EQ(after.cudnn - before.cudnn, want_cudnn) << "cuDNN calls under " << mode;
   EXPECT_EQ(after.kernel - before.kernel, want_kernel) << "kernel calls under " << mode;
-  return {floats(out.d()), floats(lse.d()), floats(dqkv.d())};
+  return {floats(x.out.d()), floats(x.lse.d()), floats(x.dqkv.d())};
 }
 
 Result run_cpu(DType dt, int64_t b, int64_t t, int64_t heads, int64_t hs) {
-  const int64_t c = heads * hs;
   kernels::Backend& cpu = cpu_backend();
-  Pair qkv = make_pair({b, t, 3 * c}, dt, uniform(b * t * 3 * c, -1.5f, 1.5f, 21));
-  Pair out = make_pair({b, t, c}, dt), lse = make_pair({b, heads, t}, DType::f32);
-  Pair dout = make_pair({b, t, c}, dt, uniform(b * t * c, -1, 1, 22));
-  Pair dqkv = make_pair({b, t, 3 * c}, dt);
-  cpu.attention_forward(heads, qkv.h(), out.h(), lse.h());
-  cpu.attention_backward(heads, qkv.h(), out.h(), dout.h(), lse.h(), dqkv.h());
-  return {floats(out.h()), floats(lse.h()), floats(dqkv.h())};
+  Buffers x(dt, b, t, heads, hs);
+  cpu.attention_forward(heads, x.qkv.h(), x.out.h(), x.lse.h());
+  cpu.attention_backward(heads, x.qkv.h(), x.out.h(), x.dout.h(), x.lse.h(), x.dqkv.h());
+  return {floats(x.out.h()), floats(x.lse.h()), floats(x.dqkv.h())};
 }
 
 void expect_close(const Result& got, const Result& want, DType dt, const char* against) {
