@@ -38,7 +38,7 @@ install(TARGETS rt_flags rt_base rt_kernels rt_model_proto rt_nn rt_nn_all rt_pl
 # model math (nn) and the generated config.hpp and model.pb.h, at the paths sources use.
 set(rt_inc ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain)
 install(DIRECTORY core/ DESTINATION ${rt_inc}/core FILES_MATCHING PATTERN "*.hpp")
-install(FILES kernels/kernels.hpp DESTINATION ${rt_inc}/kernels)
+install(FILES kernels/kernels.hpp kernels/kernel_table.hpp kernels/forwarding_backend.hpp DESTINATION ${rt_inc}/kernels)
 install(DIRECTORY nn/ DESTINATION ${rt_inc}/nn FILES_MATCHING PATTERN "*.hpp"
         PATTERN ops EXCLUDE PATTERN graph_expand.hpp EXCLUDE)  # (internal to nn/)
 install(FILES ${CMAKE_BINARY_DIR}/generated/ringtrain/config.hpp

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/tensor.hpp"
+#include "kernels/kernel_table.hpp"
 
 namespace ringtrain::kernels {
 
@@ -135,154 +137,255 @@ struct NchwDims {
 };
 NchwDims batchnorm_dims(const Tensor& x, const Tensor& gamma);
 
+// The interface every backend implements. The public methods are the ops the layers call;
+// they are not virtual: each validates its shapes and dtypes here, once for every backend
+// (kernels/backend.cpp), refuses a dtype the backend's kernel table does not declare, checks
+// that every tensor is on the backend's device, and only then calls the backend's kernel —
+// its protected do_<op>() method, or for the pointwise ops the table's function (ggml's
+// backend interface; NCCL's canConnect before connect).
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Device device() const = 0;
-  virtual bool supports(Op op, DType dtype) const = 0;
+  // Whether this backend has a kernel for op on `dtype` (the dtype of the op's main tensor:
+  // its input, or the gradient for fused_unscale): the kernel table's answer, narrowed by
+  // what this device can run (capable()).
+  bool supports(Op op, DType dtype) const { return supports(op_name(op), dtype); }
+  bool supports(std::string_view op, DType dtype) const {
+    return kernel_table().has(op, dtype) && capable(op, dtype);
+  }
   virtual void set_threads(int n) = 0;  // threads of this rank (OpenMP and the BLAS)
   virtual int threads() const = 0;
   // The layout conv2d and maxpool2d keep activations in between layers, for a model that
   // computes in `compute` (Layout::plain: NCHW only, the default).
   virtual Layout activation_layout(DType compute) { return Layout::plain; }
+  // The kernels this backend registered (kernel_table.hpp), and what its table kernels see.
+  virtual const KernelTable& kernel_table() const = 0;
+  virtual KernelEnv kernel_env() const = 0;
 
   // c = alpha * op(a) * op(b) + beta * c, row-major 2-D; op(x) is x or its transpose.
   // a and b may be any float dtype; products and sums in fp32, rounded once to c.dtype
   // (the numerics of tensor cores).
-  virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                    float beta, const Tensor& c) = 0;
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
+            const Tensor& c);
   // c = op(a) * op(b) + bias (bias: fp32 [n], added to every row). A backend that adds the
   // bias inside its GEMM rounds c once (the default: gemm, then bias_add, twice in 16 bits).
-  virtual void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
-                         const Tensor& bias, const Tensor& c) {
-    gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
-    bias_add(c, bias, Activation::none);
-  }
+  void gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& bias,
+                 const Tensor& c);
   // dst = src converted (any float dtype to any float dtype, same numel), nearest-even.
-  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  void cast(const Tensor& src, const Tensor& dst);
   // y[n, f] = act(y[n, f] + bias[f]), in place; in fp32, rounded once.
-  virtual void bias_add(const Tensor& y, const Tensor& bias, Activation act) = 0;
+  void bias_add(const Tensor& y, const Tensor& bias, Activation act);
   // db[f] = sum over n of dy[n, f], accumulated in fp32.
-  virtual void bias_grad(const Tensor& dy, const Tensor& db) = 0;
-  virtual void relu(const Tensor& x, const Tensor& y) = 0;
+  void bias_grad(const Tensor& dy, const Tensor& db);
+  void relu(const Tensor& x, const Tensor& y);
   // dx = dy where y > 0, else 0 (y is relu's output). dx may alias dy.
-  virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
   // Softmax cross-entropy on fp32 logits [N, C] and int32 labels [N], against the target
   // (1 - e) * onehot + e / C (PyTorch's label_smoothing = e; 0: plain cross-entropy). When
   // dlogits is given it receives (softmax - target) * grad_scale / N in fp32.
-  virtual XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                  const Tensor* dlogits, float label_smoothing = 0.f) = 0;
+  XentResult softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
+                          const Tensor* dlogits, float label_smoothing = 0.f);
   // out (fp32) = in * factor, fused with the non-finite check of the loss scaler; returns
   // true when any element is inf or nan. out may alias in when both are fp32. Where
   // supports(Op::fused_unscale, in.dtype), out may be empty (no data): the check of
   // in * factor alone, a read-only pass (the optimizer then applies factor as grad_scale).
-  virtual bool unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
-  virtual bool any_nonfinite(const Tensor& x) = 0;        // any inf/nan, any float dtype
-  virtual double sum_squares(const Tensor& x) = 0;        // fp32 tensor, double accumulation
-  virtual void scale(const Tensor& x, float factor) = 0;  // fp32, in place
+  bool unscale_check(const Tensor& in, float factor, const Tensor& out);
+  bool any_nonfinite(const Tensor& x);        // any inf/nan, any float dtype
+  double sum_squares(const Tensor& x);        // fp32 tensor, double accumulation
+  void scale(const Tensor& x, float factor);  // fp32, in place
 
   // Fused optimizer steps over flat fp32 buffers; when `work` is given (the compute-dtype
   // working copy) it receives the new parameters in its dtype in the same pass. grad is
   // fp32, or of any float dtype where supports(Op::fused_unscale, grad.dtype).
-  virtual void sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
-                        const Tensor* momentum, const Tensor* work) = 0;
-  virtual void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
-                          const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) = 0;
+  void sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
+                const Tensor* momentum, const Tensor* work);
+  void adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work);
 
   // ---- convolutional layers. Activations in any float dtype, arithmetic in fp32, each
   // result rounded once to its tensor's dtype.
   // y = act(conv(x, w) + bias); bias [K] may be null.
-  virtual void conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
-                              const Tensor* bias, Activation act, const Tensor& y) = 0;
+  void conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor* bias,
+                      Activation act, const Tensor& y);
   // dx = the gradient of the convolution's input (overwritten).
-  virtual void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
-                                    const Tensor& dx) = 0;
+  void conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                            const Tensor& dx);
   // dw (and db when given) = the gradients of the filters and bias (overwritten).
-  virtual void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                                      const Tensor& dw, const Tensor* db) = 0;
+  void conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                              const Tensor& dw, const Tensor* db);
   // Both backward passes of one layer, dx only when given: the same results as
   // conv2d_backward_filter then conv2d_backward_data, in one call so that a backend can share
   // what both read (the CPU's oneDNN path puts dy into its layout once, not twice).
-  virtual void conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                               const Tensor& w, const Tensor* dx, const Tensor& dw,
-                               const Tensor* db) {
-    conv2d_backward_filter(cs, x, dy, dw, db);
-    if (dx) conv2d_backward_data(cs, dy, w, *dx);
-  }
+  void conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy, const Tensor& w,
+                       const Tensor* dx, const Tensor& dw, const Tensor* db);
   // y [N, C, P, Q] = window maxima; argmax (i32, y's shape, in ps.x_layout) = the winner's
   // index h * W + w within its plane (the first one on ties), or -1 (ps.relu_input, max <= 0).
-  virtual void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
-                                 const Tensor& argmax) = 0;
+  void maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                         const Tensor& argmax);
   // dx = dy routed to the argmax positions, zero elsewhere (overwritten).
-  virtual void maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
-                                  const Tensor& dx) = 0;
+  void maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                          const Tensor& dx);
   // y [N, C] = mean of x [N, C, H, W] over H and W; dx = dy / (H W) broadcast.
-  virtual void avgpool_global_forward(const Tensor& x, const Tensor& y) = 0;
-  virtual void avgpool_global_backward(const Tensor& dy, const Tensor& dx) = 0;
+  void avgpool_global_forward(const Tensor& x, const Tensor& y);
+  void avgpool_global_backward(const Tensor& dy, const Tensor& dx);
   // Batch normalisation of x [N, C, H, W] per channel. gamma, beta, the running averages and
   // mean/invstd [C] are fp32. training: statistics of this batch (biased variance for the
   // normalisation, unbiased for the running variance, which is updated with cfg.momentum);
   // otherwise the running averages are used and left alone. mean/invstd receive the
   // statistics used, for the backward pass.
-  virtual void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
-                                 const Tensor& gamma, const Tensor& beta,
-                                 const Tensor& running_mean, const Tensor& running_var,
-                                 const Tensor& y, const Tensor& mean, const Tensor& invstd) = 0;
+  void batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+                         const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const Tensor& y, const Tensor& mean,
+                         const Tensor& invstd);
   // dx (x's dtype), dgamma and dbeta (fp32, overwritten), from the statistics of forward.
-  virtual void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
-                                  const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
+  void batchnorm_backward(bool training, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta);
+
+  // ---- pointwise ops from the kernel table: y = f(x) and dx = dy * f'(x), x, y, dy and dx
+  // of one size and any float dtypes (the kernel is chosen by x's). `op` is the name the
+  // family registered ("gelu", "gelu_tanh", "silu").
+  void unary(std::string_view op, const Tensor& x, const Tensor& y);
+  void unary_backward(std::string_view op, const Tensor& x, const Tensor& dy, const Tensor& dx);
   // The exact GELU, x * Phi(x) (erf form, PyTorch's default), and its gradient.
-  virtual void gelu(const Tensor& x, const Tensor& y) = 0;
-  virtual void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  void gelu(const Tensor& x, const Tensor& y) { unary("gelu", x, y); }
+  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+    unary_backward("gelu", x, dy, dx);
+  }
+  // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  void gelu_tanh(const Tensor& x, const Tensor& y) { unary("gelu_tanh", x, y); }
+  void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+    unary_backward("gelu_tanh", x, dy, dx);
+  }
+
   // y = x * keep / (1 - p), keep per dropout_uniform(seed, i) >= p; mask (u8) = keep.
-  virtual void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
-                               const Tensor& mask) = 0;
-  virtual void dropout_backward(const Tensor& dy, const Tensor& mask, float p,
-                                const Tensor& dx) = 0;
+  void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                       const Tensor& mask);
+  void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx);
   // y = a + b elementwise (the residual add); y may alias a or b.
-  virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y);
 
   // ---- transformer ops (GPT-2 as llm.c computes it). Activations in any float dtype,
   // statistics and accumulation in fp32, each result rounded once to its tensor's dtype.
   // y[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]: tokens i32 [B, T] in [0, V), wte [V, C],
   // wpe [>= T, C] (null: the token embedding alone), y [B, T, C].
-  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
-                                 const Tensor& y) = 0;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                         const Tensor& y);
   // dwte [V, C] and dwpe [>= T, C] (fp32, overwritten): dy [B, T, C] scattered back and
   // summed, in token order whatever the thread count (deterministic).
-  virtual void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
-                                  const Tensor* dwpe) = 0;
+  void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                          const Tensor* dwpe);
   // Layer normalisation of each row of x [N, C]: y = (x - mean) * rstd * gamma + beta with
   // gamma, beta fp32 [C]; mean and rstd (fp32 [N]) receive the statistics for backward.
-  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 float eps, const Tensor& y, const Tensor& mean,
-                                 const Tensor& rstd) = 0;
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd);
   // dx, and dgamma/dbeta (fp32 [C], overwritten) summed over the rows in a fixed order.
-  virtual void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                  const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                  const Tensor& dgamma, const Tensor& dbeta) = 0;
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                          const Tensor& dgamma, const Tensor& dbeta);
   // Causal multi-head self-attention on qkv [B, T, 3C] (q, k and v side by side, head h at
   // columns h * C/heads of each): out [B, T, C] = softmax(q k^T / sqrt(C/heads) + mask) v
   // per head, heads side by side. lse [B, heads, T] (fp32) receives each query's
   // log-sum-exp of its scaled scores: backward recomputes the probabilities from it, so no
   // T x T matrix is ever stored.
-  virtual void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                 const Tensor& lse) = 0;
+  void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& lse);
   // dqkv [B, T, 3C] (overwritten) from dout and forward's qkv, out and lse.
-  virtual void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                  const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
-  // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-  virtual void gelu_tanh(const Tensor& x, const Tensor& y) = 0;
-  virtual void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, const Tensor& dqkv);
   // Token-level softmax cross-entropy over the first `vocab` columns of fp32 logits
   // [N, Vp] (Vp >= vocab: the padding columns take no part and get zero gradient) against
   // i32 targets [N] in [0, vocab). When dlogits (fp32 [N, Vp], may alias logits: the
   // classifier is fused, as llm.c's) is given it receives (softmax - onehot) * grad_scale / N.
   // correct counts argmax == target.
-  virtual XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
-                                float grad_scale, const Tensor* dlogits) = 0;
+  XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                        float grad_scale, const Tensor* dlogits);
+
+ protected:
+  // What this device can run of what the table declares (default: all of it; CUDA narrows
+  // 16-bit GEMMs and convolutions by compute capability).
+  virtual bool capable(std::string_view op, DType dtype) const { return true; }
+  // Internal error unless t is in this backend's memory (default: any memory is).
+  virtual void check_device(const Tensor& t, const char* what) const {}
+
+  // The kernels, called with validated arguments (the comments above are their contract).
+  virtual void do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                       float beta, const Tensor& c) = 0;
+  virtual void do_gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            const Tensor& bias, const Tensor& c) {
+    gemm(trans_a, trans_b, 1.f, a, b, 0.f, c);
+    bias_add(c, bias, Activation::none);
+  }
+  virtual void do_cast(const Tensor& src, const Tensor& dst) = 0;
+  virtual void do_bias_add(const Tensor& y, const Tensor& bias, Activation act) = 0;
+  virtual void do_bias_grad(const Tensor& dy, const Tensor& db) = 0;
+  virtual void do_relu(const Tensor& x, const Tensor& y) = 0;
+  virtual void do_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual XentResult do_softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                     const Tensor* dlogits, float label_smoothing) = 0;
+  virtual bool do_unscale_check(const Tensor& in, float factor, const Tensor& out) = 0;
+  virtual bool do_any_nonfinite(const Tensor& x) = 0;
+  virtual double do_sum_squares(const Tensor& x) = 0;
+  virtual void do_scale(const Tensor& x, float factor) = 0;
+  virtual void do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
+                           const Tensor* momentum, const Tensor* work) = 0;
+  virtual void do_adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
+                             const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                             const Tensor* work) = 0;
+  virtual void do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
+                                 const Tensor* bias, Activation act, const Tensor& y) = 0;
+  virtual void do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+                                       const Tensor& dx) = 0;
+  virtual void do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                                         const Tensor& dw, const Tensor* db) = 0;
+  virtual void do_conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+                                  const Tensor& w, const Tensor* dx, const Tensor& dw,
+                                  const Tensor* db) {
+    conv2d_backward_filter(cs, x, dy, dw, db);
+    if (dx) conv2d_backward_data(cs, dy, w, *dx);
+  }
+  virtual void do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+                                    const Tensor& argmax) = 0;
+  virtual void do_maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+                                     const Tensor& dx) = 0;
+  virtual void do_avgpool_global_forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void do_avgpool_global_backward(const Tensor& dy, const Tensor& dx) = 0;
+  virtual void do_batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+                                    const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    const Tensor& y, const Tensor& mean, const Tensor& invstd) = 0;
+  virtual void do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
+                                     const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& invstd, const Tensor& dx, const Tensor& dgamma,
+                                     const Tensor& dbeta) = 0;
+  virtual void do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+                                  const Tensor& mask) = 0;
+  virtual void do_dropout_backward(const Tensor& dy, const Tensor& mask, float p,
+                                   const Tensor& dx) = 0;
+  virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+                                    const Tensor& y) = 0;
+  virtual void do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                                     const Tensor* dwpe) = 0;
+  virtual void do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    float eps, const Tensor& y, const Tensor& mean,
+                                    const Tensor& rstd) = 0;
+  virtual void do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                     const Tensor& dgamma, const Tensor& dbeta) = 0;
+  virtual void do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse) = 0;
+  virtual void do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& dout, const Tensor& lse,
+                                     const Tensor& dqkv) = 0;
+  virtual XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+                                   float grad_scale, const Tensor* dlogits) = 0;
+
+ private:
+  // Internal error unless the table declares op for dtype (names the backend, op, dtype).
+  void require(std::string_view op, DType dtype) const;
+  void require(Op op, DType dtype) const { require(op_name(op), dtype); }
 };
 
 // Shape checks shared by every backend's transformer ops (internal errors naming both sides).

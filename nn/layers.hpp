@@ -123,6 +123,16 @@ class Layer {
     dxs.assign(1, backward(ctx, dy));
   }
 
+  // Fusion with the neighbours, the op's own hook (Model::apply_policy calls it once, when
+  // `reader` is the only layer reading this layer's output): a producer may hand work to its
+  // reader, asking what the reader can take. Conv2D hands its ReLU's gradient mask and its
+  // blocked output layout to a Conv2D or MaxPool2D.
+  virtual void fuse_with_reader(Layer& reader) {}
+  // What a reader can take over (true: it now does): applying the producer's ReLU gradient
+  // (its input is a ReLU's output), reading its input in the backend's activation layout.
+  virtual bool take_relu_input() { return false; }
+  virtual bool take_blocked_input() { return false; }
+
  protected:
   DType dtype(const Context& ctx) const { return has_dtype_ ? dtype_ : ctx.compute; }
   DType out_dtype(const Context& ctx) const {
@@ -197,6 +207,9 @@ class Conv2D final : public Layer {
   // own ReLU mask.
   void set_relu_input(bool yes) { relu_input_ = yes; }
   kernels::Activation activation() const { return o_.act; }
+  void fuse_with_reader(Layer& reader) override;
+  bool take_relu_input() override { return relu_input_ = true; }
+  bool take_blocked_input() override { return x_blocked_ = true; }
   int64_t out_channels() const { return o_.out_channels; }
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Param*> params) override;
@@ -235,6 +248,22 @@ class GELU final : public Layer {
   OwnedTensor xin_, y_, dx_;
 };
 
+// y = f(x) for a pointwise kernel of the backend's kernel table (kernels::Backend::unary):
+// the layer of every table activation (SiLU, ...); x is kept for the backward pass.
+class Pointwise final : public Layer {
+ public:
+  Pointwise(std::string name, std::string kernel)
+      : Layer(std::move(name)), kernel_(std::move(kernel)) {}
+  const std::string& kernel() const { return kernel_; }
+  const Tensor& forward(Context& ctx, const Tensor& x) override;
+  const Tensor& backward(Context& ctx, const Tensor& dy) override;
+
+ private:
+  std::string kernel_;
+  Tensor x_;
+  OwnedTensor xin_, y_, dx_;
+};
+
 class MaxPool2D final : public Layer {
  public:
   MaxPool2D(std::string name, int64_t kernel, int64_t stride)
@@ -244,6 +273,8 @@ class MaxPool2D final : public Layer {
   void set_relu_input(bool yes) { relu_input_ = yes; }
   // The input (and its gradient) in the backend's activation_layout(), as Conv2D's.
   void set_input_blocked(bool yes) { x_blocked_ = yes; }
+  bool take_relu_input() override { return relu_input_ = true; }
+  bool take_blocked_input() override { return x_blocked_ = true; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
 

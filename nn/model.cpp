@@ -140,8 +140,9 @@ void Model::apply_policy() {
     }
     if (from_input_only) layers_[n]->set_needs_input_grad(false);
   }
-  // A convolution read only by a max pooling or another convolution hands that reader two
-  // things. Fusion: with a fused ReLU, the ReLU's gradient mask (the pooling routes no
+  // Each layer read by exactly one other may hand that reader work (Layer::fuse_with_reader):
+  // a convolution read only by a max pooling or another convolution hands it two things.
+  // Fusion: with a fused ReLU, the ReLU's gradient mask (the pooling routes no
   // gradient to a window whose maximum is 0; the convolution masks its dx in place), one pass
   // over the tensor saved. Layout: its output stays in the backend's activation layout (no
   // reorders between oneDNN's kernels) when its channels fill whole blocks; all other
@@ -149,21 +150,7 @@ void Model::apply_policy() {
   for (size_t n = 0; n < layers_.size(); ++n) {
     if (inputs_[n].size() != 1 || inputs_[n][0] < 0) continue;
     const auto src = size_t(inputs_[n][0]);
-    auto* conv = dynamic_cast<Conv2D*>(layers_[src].get());
-    if (!conv || consumers[src] != 1) continue;
-    auto* pool = dynamic_cast<MaxPool2D*>(layers_[n].get());
-    auto* next = dynamic_cast<Conv2D*>(layers_[n].get());
-    if (!pool && !next) continue;
-    if (conv->activation() == kernels::Activation::relu) {
-      if (pool) pool->set_relu_input(true);
-      if (next) next->set_relu_input(true);
-      conv->set_relu_grad_done_by_next(true);
-    }
-    if (conv->out_channels() % kernels::kChannelBlock == 0) {
-      if (pool) pool->set_input_blocked(true);
-      if (next) next->set_input_blocked(true);
-      conv->set_output_blocked(true);
-    }
+    if (consumers[src] == 1) layers_[src]->fuse_with_reader(*layers_[n]);
   }
 }
 

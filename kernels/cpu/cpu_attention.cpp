@@ -146,7 +146,7 @@ void for_each_head(const AttentionDims& d, int threads, int64_t dense_blocks, Fn
 
 }  // namespace
 
-void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+void CpuBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                    const Tensor& lse) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   if (attention_as_gemms(qkv, qkv)) return attention_forward_gemm(d, qkv, out, lse);
@@ -180,12 +180,9 @@ void CpuBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tenso
   });
 }
 
-void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+void CpuBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                     const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
-  RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention gradients ",
-           shape_str(dout.shape), " and ", shape_str(dqkv.shape), " do not match ",
-           shape_str(out.shape), " and ", shape_str(qkv.shape));
   if (attention_as_gemms(qkv, dout)) return attention_backward_gemm(d, qkv, out, dout, lse, dqkv);
   const float scale = 1.f / std::sqrt(float(d.hs));
   const AttentionTileKernels& kr = attention_tile_kernels(opts_.attention_avx512 && use_avx512());
@@ -236,4 +233,6 @@ void CpuBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tens
   });
 }
 
+
+RT_KERNEL_FAMILY(cpu, attention) { table.declare(op_name(Op::attention), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

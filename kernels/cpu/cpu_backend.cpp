@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "kernels/cpu/elem.hpp"
+#include "kernels/cpu/families.hpp"
 
 namespace ringtrain::kernels {
 
@@ -75,11 +76,7 @@ CpuOptions CpuOptions::from_env() {
   const std::string core = openblas_core();
   o.gemm = choose_gemm_provider(f, core, gemm_setting_from_env()).provider;
   o.native16 = choose_native16(f, bf16_setting_from_env());
-  const char* conv = env::raw("RINGTRAIN_CONV");
-  const std::string c = conv ? conv : "onednn";
-  RT_REQUIRE(c == "onednn" || c == "im2col", "RINGTRAIN_CONV='", c,
-             "' is not valid; expected onednn or im2col");
-  o.conv_onednn = c == "onednn";
+  o.conv_onednn = env::conv() == "onednn";
   o.blocked_layout = isa_level(f) == IsaLevel::avx512;
   // Once per process: OpenBLAS will run GEMMs with kernels below what this CPU has.
   if ((o.gemm == GemmProvider::openblas || !o.conv_onednn) && openblas_core_is_weak(f, core)) {
@@ -129,30 +126,22 @@ const void* CpuBackend::as_dtype(const Tensor& t, DType want, std::vector<float>
   return as_f32(t, scratch);
 }
 
-void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+void CpuBackend::do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                       float beta, const Tensor& c) {
   gemm_impl(trans_a, trans_b, alpha, a, b, beta, c, nullptr);
 }
 
-void CpuBackend::gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+void CpuBackend::do_gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
                            const Tensor& bias, const Tensor& c) {
   if (opts_.gemm != GemmProvider::onednn || bias.dtype != DType::f32)
-    return Backend::gemm_bias(trans_a, trans_b, a, b, bias, c);
-  RT_CHECK(c.shape.size() == 2 && bias.numel() == c.dim(1), "bias of ", bias.numel(),
-           " for rows of ", c.shape.size() == 2 ? c.dim(1) : c.numel());
+    return Backend::do_gemm_bias(trans_a, trans_b, a, b, bias, c);
   gemm_impl(trans_a, trans_b, 1.f, a, b, 0.f, c, bias.as<float>());
 }
 
 void CpuBackend::gemm_impl(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                            const Tensor& b, float beta, const Tensor& c, const float* bias) {
-  RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
-           "gemm takes 2-D tensors, got ", shape_str(a.shape), " ", shape_str(b.shape), " ",
-           shape_str(c.shape));
   const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
-  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
-  RT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm shapes do not match: a ",
-           shape_str(a.shape), (trans_a ? "^T" : ""), " b ", shape_str(b.shape),
-           (trans_b ? "^T" : ""), " c ", shape_str(c.shape));
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);  // shapes checked by Backend::gemm
   if (opts_.gemm == GemmProvider::onednn) {
     const DType in = compute_dtype(a, b);
     // The result straight into c when oneDNN writes c's dtype from these inputs (fp32 or the
@@ -186,8 +175,7 @@ void CpuBackend::gemm_impl(bool trans_a, bool trans_b, float alpha, const Tensor
   if (c.dtype != DType::f32) from_f32(pc, c.data, c.dtype, c.numel(), threads_);
 }
 
-void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
-  RT_CHECK(src.numel() == dst.numel(), "cast of ", src.numel(), " elements into ", dst.numel());
+void CpuBackend::do_cast(const Tensor& src, const Tensor& dst) {
   if (src.dtype == dst.dtype) {
     std::copy_n(static_cast<const char*>(src.data), src.bytes(), static_cast<char*>(dst.data));
   } else if (src.dtype == DType::f32) {
@@ -201,9 +189,8 @@ void CpuBackend::cast(const Tensor& src, const Tensor& dst) {
   }
 }
 
-void CpuBackend::bias_add(const Tensor& y, const Tensor& bias, Activation act) {
+void CpuBackend::do_bias_add(const Tensor& y, const Tensor& bias, Activation act) {
   const int64_t rows = y.dim(0), f = y.numel() / rows;
-  RT_CHECK(bias.numel() == f, "bias of ", bias.numel(), " for rows of ", f);
   const float* pb = as_f32(bias, scratch_b_);
   const bool relu = act == Activation::relu;
   if (y.dtype != DType::f32) {  // 16-bit rows widened, added and rounded by the vector casts
@@ -236,9 +223,8 @@ void CpuBackend::bias_add(const Tensor& y, const Tensor& bias, Activation act) {
   });
 }
 
-void CpuBackend::bias_grad(const Tensor& dy, const Tensor& db) {
+void CpuBackend::do_bias_grad(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.dim(0), f = dy.numel() / rows;
-  RT_CHECK(db.numel() == f, "bias gradient of ", db.numel(), " for rows of ", f);
   std::vector<float> acc(static_cast<size_t>(f), 0.f);
   if (dy.dtype != DType::f32) {  // 16-bit rows widened by the vector casts, summed in order
     std::vector<float> row(static_cast<size_t>(f));
@@ -260,8 +246,7 @@ void CpuBackend::bias_grad(const Tensor& dy, const Tensor& db) {
   from_f32(acc.data(), db.data, db.dtype, f, 1);
 }
 
-void CpuBackend::relu(const Tensor& x, const Tensor& y) {
-  RT_CHECK(x.numel() == y.numel() && x.dtype == y.dtype, "relu shapes/dtypes differ");
+void CpuBackend::do_relu(const Tensor& x, const Tensor& y) {
   const int64_t n = x.numel();
   dispatch_float(x.dtype, [&](auto X) {
     using E = decltype(X);
@@ -276,9 +261,7 @@ void CpuBackend::relu(const Tensor& x, const Tensor& y) {
   });
 }
 
-void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  RT_CHECK(y.numel() == dy.numel() && dy.numel() == dx.numel() && dy.dtype == dx.dtype,
-           "relu_backward shapes/dtypes differ");
+void CpuBackend::do_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   const int64_t n = y.numel();
   if (y.dtype == DType::f32 && dy.dtype == DType::f32) {  // the common case, vectorised
     const float* py = y.as<float>();
@@ -317,12 +300,9 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
   });
 }
 
-XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
+XentResult CpuBackend::do_softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
                                     const Tensor* dlogits, float label_smoothing) {
-  RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32,
-           "softmax_xent takes fp32 logits and int32 labels");
   const int64_t rows = logits.dim(0), c = logits.dim(1);
-  RT_CHECK(labels.numel() == rows, "labels ", labels.numel(), " for ", rows, " rows");
   const float* pl = logits.as<float>();
   const int32_t* py = labels.as<int32_t>();
   float* pd = dlogits ? dlogits->as<float>() : nullptr;
@@ -356,7 +336,7 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const Tensor& labels, 
   return res;
 }
 
-bool CpuBackend::any_nonfinite(const Tensor& x) {
+bool CpuBackend::do_any_nonfinite(const Tensor& x) {
   const int64_t n = x.numel();
   int bad = 0;
   dispatch_float(x.dtype, [&](auto X) {
@@ -368,8 +348,7 @@ bool CpuBackend::any_nonfinite(const Tensor& x) {
   return bad != 0;
 }
 
-double CpuBackend::sum_squares(const Tensor& x) {
-  RT_CHECK(x.dtype == DType::f32, "sum_squares takes fp32");
+double CpuBackend::do_sum_squares(const Tensor& x) {
   const float* p = x.as<float>();
   const int64_t n = x.numel();
   // Fixed chunks summed in a fixed order: the same result for any thread count, so ranks
@@ -388,13 +367,40 @@ double CpuBackend::sum_squares(const Tensor& x) {
   return s;
 }
 
-void CpuBackend::scale(const Tensor& x, float factor) {
-  RT_CHECK(x.dtype == DType::f32, "scale takes fp32");
+void CpuBackend::do_scale(const Tensor& x, float factor) {
   float* p = x.as<float>();
   const int64_t n = x.numel();
 #pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) p[i] *= factor;
 }
 
+
+RT_KERNEL_FAMILY(cpu, core) {
+  table.declare(op_name(Op::gemm), kFloatDTypes);
+  table.declare(op_name(Op::cast), kFloatDTypes);
+  table.declare(op_name(Op::bias_add), kFloatDTypes);
+  table.declare(op_name(Op::bias_grad), kFloatDTypes);
+  table.declare(op_name(Op::relu), kFloatDTypes);
+  table.declare(op_name(Op::relu_backward), kFloatDTypes);
+  table.declare(op_name(Op::softmax_xent), {DType::f32});
+  table.declare(op_name(Op::any_nonfinite), kFloatDTypes);
+  table.declare(op_name(Op::sum_squares), {DType::f32});
+  table.declare(op_name(Op::scale), {DType::f32});
+}
+
+#define RT_DECLARE_FAMILY(f) RT_KERNEL_FAMILY(cpu, f);
+RT_CPU_KERNEL_FAMILIES(RT_DECLARE_FAMILY)
+#undef RT_DECLARE_FAMILY
+
+const KernelTable& CpuBackend::kernel_table() const {
+  static const KernelTable table = [] {
+    KernelTable t;
+#define RT_REGISTER_FAMILY(f) rt_kernel_family_cpu_##f(t);
+    RT_CPU_KERNEL_FAMILIES(RT_REGISTER_FAMILY)
+#undef RT_REGISTER_FAMILY
+    return t;
+  }();
+  return table;
+}
 }  // namespace cpu
 }  // namespace ringtrain::kernels

@@ -10,14 +10,11 @@
 
 namespace ringtrain::kernels::cpu {
 
-void CpuBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
+void CpuBackend::do_batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
                                    const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var,
                                    const Tensor& y, const Tensor& mean, const Tensor& invstd) {
   const NchwDims d = batchnorm_dims(x, gamma);
-  RT_CHECK(y.numel() == x.numel() && beta.numel() == d.c && running_mean.numel() == d.c &&
-               running_var.numel() == d.c && mean.numel() == d.c && invstd.numel() == d.c,
-           "batch norm tensors do not match ", d.c, " channels");
   const int64_t m = d.n * d.hw;
   const float* g = gamma.as<float>();
   const float* b = beta.as<float>();
@@ -72,13 +69,10 @@ void CpuBackend::batchnorm_forward(const BatchNormConfig& cfg, bool training, co
   });
 }
 
-void CpuBackend::batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
+void CpuBackend::do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
                                     const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   const NchwDims d = batchnorm_dims(x, gamma);
-  RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dgamma.numel() == d.c &&
-               dbeta.numel() == d.c && dgamma.dtype == DType::f32 && dbeta.dtype == DType::f32,
-           "batch norm gradient tensors do not match ", d.c, " channels");
   const int64_t m = d.n * d.hw;
   const float* g = gamma.as<float>();
   const float* pm = mean.as<float>();
@@ -124,4 +118,6 @@ void CpuBackend::batchnorm_backward(bool training, const Tensor& x, const Tensor
   });
 }
 
+
+RT_KERNEL_FAMILY(cpu, batchnorm) { table.declare(op_name(Op::batchnorm), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

@@ -184,14 +184,12 @@ void check_plain(const ConvShape& cs) {
 
 }  // namespace
 
-void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
+void CpuBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                 const Tensor* bias, Activation act, const Tensor& y) {
-  check_conv_shapes(cs, x, w, y);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   std::vector<float> b(size_t(K), 0.f);
   if (bias) {
-    RT_CHECK(bias->numel() == K, "convolution bias has ", bias->numel(), " elements, expected ", K);
     to_f32(bias->data, bias->dtype, b.data(), K, 1);
   }
   const bool relu = act == Activation::relu;
@@ -235,9 +233,8 @@ void CpuBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tens
   }
 }
 
-void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+void CpuBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
                                       const Tensor& dx) {
-  check_conv_shapes(cs, dx, w, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   if (OneDnnConv* dnn = onednn()) {
@@ -273,7 +270,7 @@ void CpuBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, con
   }
 }
 
-void CpuBackend::conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+void CpuBackend::do_conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                  const Tensor& w, const Tensor* dx, const Tensor& dw,
                                  const Tensor* db) {
   OneDnnConv* dnn = onednn();
@@ -282,17 +279,12 @@ void CpuBackend::conv2d_backward(const ConvShape& cs, const Tensor& x, const Ten
   if (!dnn || !dx || conv_dtype(*dnn, opts_.native16, dy, w) != in ||
       !reorder_converts(x.dtype, in) || !reorder_converts(dy.dtype, in) ||
       !reorder_converts(w.dtype, in) || !reorder_converts(dx->dtype, in)) {
-    Backend::conv2d_backward(cs, x, dy, w, dx, dw, db);
+    Backend::do_conv2d_backward(cs, x, dy, w, dx, dw, db);
     return;
   }
-  check_conv_shapes(cs, x, dw, dy);
-  check_conv_shapes(cs, *dx, w, dy);
   const int64_t K = cs.k, CRS = cs.c * cs.r * cs.s;
   float* acc = dw.dtype == DType::f32 ? dw.as<float>()
                                       : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
-  if (db)
-    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
-             " elements, expected ", K);
   std::vector<float> sum(size_t(K), 0.f);
   dnn->backward(cs, in, x.data, x.dtype, dy.data, dy.dtype, w.data, w.dtype, dx->data, dx->dtype,
                 acc, db ? sum.data() : nullptr);
@@ -300,16 +292,12 @@ void CpuBackend::conv2d_backward(const ConvShape& cs, const Tensor& x, const Ten
   if (db) from_f32(sum.data(), db->data, db->dtype, K, 1);
 }
 
-void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+void CpuBackend::do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                         const Tensor& dw, const Tensor* db) {
-  check_conv_shapes(cs, x, dw, dy);
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   float* acc = dw.dtype == DType::f32 ? dw.as<float>()
                                       : (scratch_c_.resize(size_t(K * CRS)), scratch_c_.data());
-  if (db)
-    RT_CHECK(db->numel() == K, "convolution bias gradient has ", db->numel(),
-             " elements, expected ", K);
   std::vector<float> sum(size_t(K), 0.f);
   if (OneDnnConv* dnn = onednn()) {
     const DType in = conv_dtype(*dnn, opts_.native16, x, dy);
@@ -349,10 +337,9 @@ void CpuBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, co
   }
 }
 
-void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
+void CpuBackend::do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
                                    const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
-  check_pool_shapes(ps, x, y, argmax);
   if (ps.x_layout != Layout::plain) return maxpool2d_forward_blocked(ps, x, y, argmax);
   auto* pa = argmax.as<int32_t>();
   dispatch_float(x.dtype, [&](auto X) {
@@ -392,16 +379,9 @@ void CpuBackend::maxpool2d_forward(const PoolShape& ps, const Tensor& x, const T
   });
 }
 
-void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
+void CpuBackend::do_maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
                                     const Tensor& dx) {
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, planes = ps.n * ps.c;
-  RT_CHECK(dy.numel() == planes * PQ && argmax.numel() == dy.numel() && dx.numel() == planes * HW &&
-               dy.dtype == dx.dtype,
-           "max pooling gradient shapes do not match: dy ", shape_str(dy.shape), " dx ",
-           shape_str(dx.shape));
-  RT_CHECK(ps.x_layout != Layout::blocked || ps.c % kChannelBlock == 0,
-           "a blocked max pooling gradient needs channels in multiples of ", kChannelBlock,
-           ", got ", ps.c);
   if (ps.x_layout != Layout::plain) return maxpool2d_backward_blocked(ps, dy, argmax, dx);
   const auto* pa = argmax.as<int32_t>();
   dispatch_float(dy.dtype, [&](auto D) {
@@ -422,10 +402,7 @@ void CpuBackend::maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const
   });
 }
 
-void CpuBackend::avgpool_global_forward(const Tensor& x, const Tensor& y) {
-  RT_CHECK(x.shape.size() == 4 && y.numel() == x.dim(0) * x.dim(1),
-           "global average pooling takes [N, C, H, W] into [N, C], got ", shape_str(x.shape),
-           " into ", shape_str(y.shape));
+void CpuBackend::do_avgpool_global_forward(const Tensor& x, const Tensor& y) {
   const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
   dispatch_float(x.dtype, [&](auto X) {
     using EX = decltype(X);
@@ -442,10 +419,7 @@ void CpuBackend::avgpool_global_forward(const Tensor& x, const Tensor& y) {
   });
 }
 
-void CpuBackend::avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
-  RT_CHECK(dx.shape.size() == 4 && dy.numel() == dx.dim(0) * dx.dim(1),
-           "global average pooling gradient of ", shape_str(dy.shape), " into ",
-           shape_str(dx.shape));
+void CpuBackend::do_avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
   const int64_t planes = dx.dim(0) * dx.dim(1), HW = dx.dim(2) * dx.dim(3);
   dispatch_float(dy.dtype, [&](auto D) {
     using ED = decltype(D);
@@ -461,4 +435,10 @@ void CpuBackend::avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
   });
 }
 
+
+RT_KERNEL_FAMILY(cpu, conv) {
+  table.declare(op_name(Op::conv2d), kFloatDTypes);
+  table.declare(op_name(Op::maxpool2d), kFloatDTypes);
+  table.declare(op_name(Op::avgpool_global), kFloatDTypes);
+}
 }  // namespace ringtrain::kernels::cpu

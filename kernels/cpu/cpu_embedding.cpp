@@ -23,9 +23,8 @@ void check_tokens(const int32_t* tok, int64_t n, int64_t vocab) {
 
 }  // namespace
 
-void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+void CpuBackend::do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                                    const Tensor& y) {
-  check_embedding_shapes(tokens, wte, wpe, y);
   const int64_t n = tokens.numel(), t_len = tokens.dim(1), c = wte.dim(1);
   const int32_t* tok = tokens.as<int32_t>();
   check_tokens(tok, n, wte.dim(0));
@@ -54,11 +53,8 @@ void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, cons
   });
 }
 
-void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+void CpuBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
                                     const Tensor* dwpe) {
-  check_embedding_shapes(tokens, dwte, dwpe, dy);
-  RT_CHECK(dwte.dtype == DType::f32 && (!dwpe || dwpe->dtype == DType::f32),
-           "embedding gradients are accumulated in fp32 tensors");
   const int64_t n = tokens.numel(), t_len = tokens.dim(1), c = dwte.dim(1);
   const int32_t* tok = tokens.as<int32_t>();
   check_tokens(tok, n, dwte.dim(0));
@@ -91,4 +87,6 @@ void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, cons
   });
 }
 
+
+RT_KERNEL_FAMILY(cpu, embedding) { table.declare(op_name(Op::embedding), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

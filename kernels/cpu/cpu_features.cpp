@@ -163,7 +163,7 @@ GemmSetting parse_gemm_setting(const char* value) {
   throw_input(cat("RINGTRAIN_GEMM='", v, "' is not valid; expected auto, onednn or openblas"));
 }
 
-GemmSetting gemm_setting_from_env() { return parse_gemm_setting(env::raw("RINGTRAIN_GEMM")); }
+GemmSetting gemm_setting_from_env() { return parse_gemm_setting(env::gemm().c_str()); }
 
 Bf16Setting parse_bf16_setting(const char* value) {
   const std::string v = value ? value : "";
@@ -173,7 +173,7 @@ Bf16Setting parse_bf16_setting(const char* value) {
   throw_input(cat("RINGTRAIN_CPU_BF16='", v, "' is not valid; expected auto, native or widen"));
 }
 
-Bf16Setting bf16_setting_from_env() { return parse_bf16_setting(env::raw("RINGTRAIN_CPU_BF16")); }
+Bf16Setting bf16_setting_from_env() { return parse_bf16_setting(env::cpu_bf16().c_str()); }
 
 bool choose_native16(const CpuFeatures& f, Bf16Setting setting) {
   if (setting != Bf16Setting::automatic) return setting == Bf16Setting::native;

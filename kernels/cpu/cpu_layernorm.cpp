@@ -83,14 +83,10 @@ const float* row_f32(const Tensor& t, int64_t r, int64_t c, float* buf) {
 
 }  // namespace
 
-void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+void CpuBackend::do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    float eps, const Tensor& y, const Tensor& mean,
                                    const Tensor& rstd) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
-  RT_CHECK(beta.numel() == c && beta.dtype == DType::f32 && y.numel() == x.numel() &&
-               mean.numel() == rows && rstd.numel() == rows && mean.dtype == DType::f32 &&
-               rstd.dtype == DType::f32,
-           "layer norm tensors do not match ", rows, " rows of ", c);
   const float* g = gamma.as<float>();
   const float* b = beta.as<float>();
   const bool avx512 = use_avx512();
@@ -112,14 +108,10 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
   }
 }
 
-void CpuBackend::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+void CpuBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                     const Tensor& dgamma, const Tensor& dbeta) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
-  RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dgamma.numel() == c &&
-               dbeta.numel() == c && dgamma.dtype == DType::f32 && dbeta.dtype == DType::f32 &&
-               mean.numel() == rows && rstd.numel() == rows,
-           "layer norm gradient tensors do not match ", rows, " rows of ", c);
   const float* g = gamma.as<float>();
   const bool avx512 = use_avx512();
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -161,4 +153,6 @@ void CpuBackend::layernorm_backward(const Tensor& x, const Tensor& dy, const Ten
   }
 }
 
+
+RT_KERNEL_FAMILY(cpu, layernorm) { table.declare(op_name(Op::layernorm), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

@@ -150,14 +150,9 @@ struct AdamWLoop {
 
 }  // namespace
 
-void CpuBackend::sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
+void CpuBackend::do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
                           const Tensor* momentum, const Tensor* work) {
   const int64_t n = param.numel();
-  RT_CHECK(
-      grad.numel() == n && (!momentum || momentum->numel() == n) && (!work || work->numel() == n),
-      "sgd_step buffers differ in size");
-  RT_CHECK(param.dtype == DType::f32 && (!momentum || momentum->dtype == DType::f32),
-           "sgd_step takes fp32 parameters and momentum");
   const SgdArgs args{param.as<float>(),
                      grad.data,
                      momentum ? momentum->as<float>() : nullptr,
@@ -169,15 +164,9 @@ void CpuBackend::sgd_step(const SgdConfig& cfg, const Tensor& param, const Tenso
   run_step<SgdLoop>(args, grad.dtype, n, threads_, work);
 }
 
-void CpuBackend::adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
+void CpuBackend::do_adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
                             const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) {
   const int64_t n = param.numel();
-  RT_CHECK(grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n &&
-               (!work || work->numel() == n),
-           "adamw_step buffers differ in size");
-  RT_CHECK(
-      param.dtype == DType::f32 && exp_avg.dtype == DType::f32 && exp_avg_sq.dtype == DType::f32,
-      "adamw_step takes fp32 parameters and moments");
   const float b1 = cfg.beta1, b2 = cfg.beta2;
   const float bc1 = 1.f - float(std::pow(double(b1), double(cfg.step)));
   const float bc2 = 1.f - float(std::pow(double(b2), double(cfg.step)));
@@ -195,4 +184,9 @@ void CpuBackend::adamw_step(const AdamWConfig& cfg, const Tensor& param, const T
   run_step<AdamWLoop>(args, grad.dtype, n, threads_, work);
 }
 
+
+RT_KERNEL_FAMILY(cpu, optim) {
+  table.declare(op_name(Op::sgd_step), {DType::f32});
+  table.declare(op_name(Op::adamw_step), {DType::f32});
+}
 }  // namespace ringtrain::kernels::cpu

@@ -1,5 +1,4 @@
-// CPU elementwise ops of the layers: GELU (exact, erf) and its gradient, dropout with
-// counter-based masks, and the add of residual connections and gradient sums (with AVX-512
+// CPU elementwise ops of the layers (the pointwise family): dropout with counter-based masks, and the add of residual connections and gradient sums (with AVX-512
 // one pass over any float dtypes, 16-bit operands widened and the sum rounded in registers).
 #include <omp.h>
 
@@ -11,48 +10,6 @@
 #include "kernels/cpu/vec512.hpp"
 
 namespace ringtrain::kernels::cpu {
-
-void CpuBackend::gelu(const Tensor& x, const Tensor& y) {
-  RT_CHECK(x.numel() == y.numel(), "gelu of ", x.numel(), " elements into ", y.numel());
-  const int64_t n = x.numel();
-  dispatch_float(x.dtype, [&](auto X) {
-    using EX = decltype(X);
-    dispatch_float(y.dtype, [&](auto Y) {
-      using EY = decltype(Y);
-      const auto* px = x.as<typename EX::storage>();
-      auto* py = y.as<typename EY::storage>();
-#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = EX::load(px[i]);
-        py[i] = EY::store(0.5f * v * (1.f + std::erf(v * 0.70710678118654752f)));
-      }
-    });
-  });
-}
-
-void CpuBackend::gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_backward sizes differ");
-  const int64_t n = x.numel();
-  dispatch_float(x.dtype, [&](auto X) {
-    using EX = decltype(X);
-    dispatch_float(dy.dtype, [&](auto D) {
-      using ED = decltype(D);
-      dispatch_float(dx.dtype, [&](auto O) {
-        using EO = decltype(O);
-        const auto* px = x.as<typename EX::storage>();
-        const auto* pd = dy.as<typename ED::storage>();
-        auto* po = dx.as<typename EO::storage>();
-#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = EX::load(px[i]);
-          const float cdf = 0.5f * (1.f + std::erf(v * 0.70710678118654752f));
-          const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
-          po[i] = EO::store(ED::load(pd[i]) * (cdf + v * pdf));
-        }
-      });
-    });
-  });
-}
 
 namespace {
 
@@ -137,12 +94,8 @@ struct AddAvx512 {
 
 }  // namespace
 
-void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
+void CpuBackend::do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
                                  const Tensor& mask) {
-  RT_CHECK(x.numel() == y.numel() && mask.numel() == x.numel() && mask.dtype == DType::u8 &&
-               x.dtype == y.dtype,
-           "dropout tensors do not match");
-  RT_CHECK(p >= 0.f && p < 1.f, "dropout probability ", p, " outside [0, 1)");
   const int64_t n = x.numel();
   const float keep_scale = 1.f / (1.f - p);
   auto* pm = mask.as<uint8_t>();
@@ -160,9 +113,7 @@ void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, const 
   });
 }
 
-void CpuBackend::dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
-  RT_CHECK(dy.numel() == dx.numel() && mask.numel() == dy.numel() && dy.dtype == dx.dtype,
-           "dropout gradient tensors do not match");
+void CpuBackend::do_dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
   const int64_t n = dy.numel();
   const float keep_scale = 1.f / (1.f - p);
   const auto* pm = mask.as<uint8_t>();
@@ -176,9 +127,7 @@ void CpuBackend::dropout_backward(const Tensor& dy, const Tensor& mask, float p,
   });
 }
 
-void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  RT_CHECK(a.numel() == b.numel() && b.numel() == y.numel(), "add of ", a.numel(), " and ",
-           b.numel(), " elements into ", y.numel());
+void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& y) {
   const int64_t n = a.numel();
   if (use_avx512()) return v512::run<AddAvx512>(n, threads_, a, b, y);
   if (a.dtype != DType::f32 || b.dtype != DType::f32 || y.dtype != DType::f32) {
@@ -216,4 +165,9 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   });
 }
 
+
+RT_KERNEL_FAMILY(cpu, pointwise) {
+  table.declare(op_name(Op::dropout), kFloatDTypes);
+  table.declare(op_name(Op::add), kFloatDTypes);
+}
 }  // namespace ringtrain::kernels::cpu

@@ -53,16 +53,9 @@ RT_AVX512_TARGET void row_grad_avx512(const float* x, int64_t v, int64_t vp, flo
 
 }  // namespace
 
-XentResult CpuBackend::token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+XentResult CpuBackend::do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                   float grad_scale, const Tensor* dlogits) {
-  RT_CHECK(logits.dtype == DType::f32 && targets.dtype == DType::i32 && !logits.shape.empty(),
-           "token_xent takes fp32 logits and i32 targets, got ", dtype_name(logits.dtype), " and ",
-           dtype_name(targets.dtype));
   const int64_t vp = logits.shape.back(), rows = logits.numel() / (vp ? vp : 1);
-  RT_CHECK(vocab > 0 && vocab <= vp && targets.numel() == rows, "token_xent: ", targets.numel(),
-           " targets for logits ", shape_str(logits.shape), " over a vocabulary of ", vocab);
-  RT_CHECK(!dlogits || (dlogits->dtype == DType::f32 && dlogits->numel() == logits.numel()),
-           "token_xent gradient must be fp32 like the logits");
   const int32_t* tg = targets.as<int32_t>();
   for (int64_t r = 0; r < rows; ++r)
     RT_CHECK(tg[r] >= 0 && tg[r] < vocab, "target ", tg[r], " at row ", r,
@@ -95,4 +88,6 @@ XentResult CpuBackend::token_xent(const Tensor& logits, const Tensor& targets, i
   return res;
 }
 
+
+RT_KERNEL_FAMILY(cpu, token_xent) { table.declare(op_name(Op::token_xent), {DType::f32}); }
 }  // namespace ringtrain::kernels::cpu

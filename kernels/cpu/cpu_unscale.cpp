@@ -47,10 +47,8 @@ bool unscale_check_avx512(const Tensor& in, float factor, float* out, int64_t lo
 
 }  // namespace
 
-bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out) {
+bool CpuBackend::do_unscale_check(const Tensor& in, float factor, const Tensor& out) {
   const bool check_only = out.data == nullptr;  // the optimizer applies the factor
-  RT_CHECK(check_only || (out.dtype == DType::f32 && in.numel() == out.numel()),
-           "unscale_check into ", dtype_name(out.dtype), " of ", out.numel(), " from ", in.numel());
   const int64_t n = in.numel();
   float* po = check_only ? nullptr : out.as<float>();
   int bad = 0;
@@ -109,4 +107,11 @@ bool CpuBackend::unscale_check(const Tensor& in, float factor, const Tensor& out
   return bad != 0;
 }
 
+
+// unscale_check into an fp32 tensor, and its read-only form (an empty `out`) whose factor the
+// optimizers then apply: fused_unscale.
+RT_KERNEL_FAMILY(cpu, unscale) {
+  table.declare(op_name(Op::unscale_check), kFloatDTypes);
+  table.declare(op_name(Op::fused_unscale), kFloatDTypes);
+}
 }  // namespace ringtrain::kernels::cpu

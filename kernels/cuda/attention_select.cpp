@@ -34,7 +34,7 @@ void warn_fallback_once(const SdpaShape& s, const std::string& why) {
 }  // namespace
 
 AttentionPath select_attention_path(DeviceRuntime& rt, const SdpaShape& s) {
-  const AttentionMode mode = parse_attention_mode(env::value("RINGTRAIN_CUDA_ATTENTION"));
+  const AttentionMode mode = parse_attention_mode(env::cuda_attention());
   const bool built = cudnn_sdpa_built();
   if (!attention_asks_cudnn(mode, built, s.dtype))
     return choose_attention_path(mode, built, s.dtype, false, "");

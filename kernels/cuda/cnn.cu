@@ -1,6 +1,6 @@
 // Our own CUDA kernels of the CNN layers: max pooling (argmax kept; the backward pass
 // gathers, so no atomics), global average pooling, batch normalisation (per-channel
-// statistics in double, one block per channel, a fixed reduction tree), GELU, dropout with
+// statistics in double, one block per channel, a fixed reduction tree), dropout with
 // the counter-based hash of kernels.hpp (masks bit-identical to the CPU's). The residual
 // add is in elementwise.cu. Formulas follow kernels/cpu/cpu_batchnorm.cpp and cpu_conv.cpp.
 #include <cmath>
@@ -156,24 +156,6 @@ __global__ void bn_bwd(const X* x, const D* dy, O* dx, int64_t n, int64_t c, int
   }
 }
 
-template <typename X, typename Y>
-__global__ void gelu_kernel(const X* x, Y* y, int64_t n) {
-  RT_GRID_STRIDE(i, n) {
-    const float v = ld(x, i);
-    st(y, i, 0.5f * v * (1.f + erff(v * 0.70710678118654752f)));
-  }
-}
-
-template <typename X, typename D, typename O>
-__global__ void gelu_bwd_kernel(const X* x, const D* dy, O* dx, int64_t n) {
-  RT_GRID_STRIDE(i, n) {
-    const float v = ld(x, i);
-    const float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-    st(dx, i, ld(dy, i) * (cdf + v * pdf));
-  }
-}
-
 template <typename T>
 __global__ void dropout_fwd(const T* x, T* y, uint8_t* mask, int64_t n, float p, float keep_scale,
                             uint64_t seed) {
@@ -271,36 +253,6 @@ void launch_bn_backward(const void* x, const void* dy, void* dx, DType xt, DType
         bn_bwd<<<unsigned(c), kThreads, 0, s>>>(
             static_cast<const TX*>(x), static_cast<const TD*>(dy), static_cast<TO*>(dx), n, c, hw,
             gamma, mean, invstd, dgamma, dbeta, training);
-        CUDA_CHECK_LAUNCH();
-      });
-    });
-  });
-}
-
-void launch_gelu(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s) {
-  if (n == 0) return;
-  dispatch(xt, [&](auto X) {
-    using TX = typename decltype(X)::type;
-    dispatch(yt, [&](auto Y) {
-      using TY = typename decltype(Y)::type;
-      gelu_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x), static_cast<TY*>(y),
-                                                     n);
-      CUDA_CHECK_LAUNCH();
-    });
-  });
-}
-
-void launch_gelu_backward(const void* x, DType xt, const void* dy, DType dt, void* dx, DType ot,
-                          int64_t n, cudaStream_t s) {
-  if (n == 0) return;
-  dispatch(xt, [&](auto X) {
-    using TX = typename decltype(X)::type;
-    dispatch(dt, [&](auto D) {
-      using TD = typename decltype(D)::type;
-      dispatch(ot, [&](auto O) {
-        using TO = typename decltype(O)::type;
-        gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(
-            static_cast<const TX*>(x), static_cast<const TD*>(dy), static_cast<TO*>(dx), n);
         CUDA_CHECK_LAUNCH();
       });
     });

@@ -217,17 +217,8 @@ ConvPlan& CudaBackend::conv_plan(const ConvShape& cs, DType t) {
   return *slot;
 }
 
-void CudaBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
+void CudaBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
                                  const Tensor* bias, Activation act, const Tensor& y) {
-  check_conv_shapes(cs, x, w, y);
-  check_device(x, "convolution input");
-  check_device(w, "convolution filter");
-  check_device(y, "convolution output");
-  if (bias) {
-    check_device(*bias, "convolution bias");
-    RT_CHECK(bias->numel() == cs.k, "convolution bias has ", bias->numel(), " elements, expected ",
-             cs.k);
-  }
   ConvPlan& plan = conv_plan(cs, w.dtype);
   const Tensor x2 = as_dtype(x, plan.dtype, kScratchA), w2 = as_dtype(w, plan.dtype, kScratchB);
   Tensor y2 = y;
@@ -248,12 +239,8 @@ void CudaBackend::conv2d_forward(const ConvShape& cs, const Tensor& x, const Ten
   }
 }
 
-void CudaBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
+void CudaBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
                                        const Tensor& dx) {
-  check_conv_shapes(cs, dx, w, dy);
-  check_device(dy, "convolution output gradient");
-  check_device(w, "convolution filter");
-  check_device(dx, "convolution input gradient");
   ConvPlan& plan = conv_plan(cs, w.dtype);
   const Tensor dy2 = as_dtype(dy, plan.dtype, kScratchA), w2 = as_dtype(w, plan.dtype, kScratchB);
   Tensor dx2 = dx;
@@ -269,12 +256,8 @@ void CudaBackend::conv2d_backward_data(const ConvShape& cs, const Tensor& dy, co
     launch_cast(dx2.data, dx2.dtype, dx.data, dx.dtype, dx.numel(), stream());
 }
 
-void CudaBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
+void CudaBackend::do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
                                          const Tensor& dw, const Tensor* db) {
-  check_conv_shapes(cs, x, dw, dy);
-  check_device(x, "convolution input");
-  check_device(dy, "convolution output gradient");
-  check_device(dw, "convolution filter gradient");
   ConvPlan& plan = conv_plan(cs, dw.dtype);
   const Tensor x2 = as_dtype(x, plan.dtype, kScratchA), dy2 = as_dtype(dy, plan.dtype, kScratchB);
   Tensor dw2 = dw;
@@ -289,9 +272,6 @@ void CudaBackend::conv2d_backward_filter(const ConvShape& cs, const Tensor& x, c
   if (dw2.data != dw.data)
     launch_cast(dw2.data, dw2.dtype, dw.data, dw.dtype, dw.numel(), stream());
   if (db) {
-    check_device(*db, "convolution bias gradient");
-    RT_CHECK(db->numel() == cs.k, "convolution bias gradient has ", db->numel(),
-             " elements, expected ", cs.k);
     auto* partial = static_cast<float*>(scratch(kReduce, size_t(kBiasGradSlices * cs.k) * 4));
     launch_bias_grad(dy.data, dy.dtype, cs.n, cs.k, cs.p() * cs.q(), partial, db->data, db->dtype,
                      stream());

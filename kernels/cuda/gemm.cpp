@@ -42,19 +42,10 @@ uint32_t alignment(const void* p) {
 
 }  // namespace
 
-void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+void CudaBackend::do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                        float beta, const Tensor& c) {
-  RT_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && c.shape.size() == 2,
-           "gemm takes 2-D tensors, got ", shape_str(a.shape), " ", shape_str(b.shape), " ",
-           shape_str(c.shape));
-  const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
-  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
-  RT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm shapes do not match: a ",
-           shape_str(a.shape), (trans_a ? "^T" : ""), " b ", shape_str(b.shape),
-           (trans_b ? "^T" : ""), " c ", shape_str(c.shape));
-  check_device(a, "gemm input a");
-  check_device(b, "gemm input b");
-  check_device(c, "gemm output");
+  // (shapes checked by Backend::gemm)
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   if (m == 0 || n == 0) return;
   const GemmTypes g = choose_gemm_types(a.dtype, b.dtype, c.dtype, cuda_env().tf32);
   const Tensor a2 = as_dtype(a, g.in, kScratchA), b2 = as_dtype(b, g.in, kScratchB);

@@ -65,9 +65,6 @@ void launch_bn_backward(const void* x, const void* dy, void* dx, DType xt, DType
                         int64_t n, int64_t c, int64_t hw, const float* gamma, const float* mean,
                         const float* invstd, float* dgamma, float* dbeta, bool training,
                         cudaStream_t s);
-void launch_gelu(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s);
-void launch_gelu_backward(const void* x, DType xt, const void* dy, DType dt, void* dx, DType ot,
-                          int64_t n, cudaStream_t s);
 void launch_dropout_fwd(const void* x, void* y, uint8_t* mask, DType t, int64_t n, float p,
                         uint64_t seed, cudaStream_t s);
 void launch_dropout_bwd(const void* dy, const uint8_t* mask, void* dx, DType t, int64_t n, float p,
@@ -99,9 +96,6 @@ void launch_attention_fwd(const void* qkv, void* out, DType t, float* lse, int64
 void launch_attention_bwd(const void* qkv, const void* out, const void* dout, DType t,
                           const float* lse, float* delta, void* dqkv, int64_t b, int64_t t_len,
                           int64_t heads, int64_t hs, cudaStream_t s);
-void launch_gelu_tanh(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s);
-void launch_gelu_tanh_backward(const void* x, DType xt, const void* dy, DType dt, void* dx,
-                               DType ot, int64_t n, cudaStream_t s);
 // Per row: loss (double) and correct (0/1); *bad set when a target is outside [0, vocab).
 void launch_token_xent(const float* logits, const int32_t* targets, int64_t rows, int64_t vp,
                        int64_t vocab, float g, float* dlogits, double* row_loss,

@@ -56,16 +56,10 @@ bool tf32() { return cuda_env().tf32; }
 CudaEnv& mutable_cuda_env() {
   static CudaEnv env = [] {
     CudaEnv e;
-    auto get = [](const char* name) -> std::string {
-      const char* v = ::ringtrain::env::raw(name);
-      return v ? v : "";
-    };
-    e.tf32 = get("RINGTRAIN_CUDA_TF32") == "1";
-    e.gemm_ex = get("RINGTRAIN_CUDA_GEMM") == "gemmex";
-    if (auto v = get("RINGTRAIN_CUDA_GEMM_WORKSPACE_MB"); !v.empty())
-      e.gemm_workspace = size_t(std::atol(v.c_str())) << 20;
-    if (auto v = get("RINGTRAIN_CUDA_CONV_WORKSPACE_MB"); !v.empty())
-      e.conv_workspace = size_t(std::atol(v.c_str())) << 20;
+    e.tf32 = ::ringtrain::env::cuda_tf32();
+    e.gemm_ex = ::ringtrain::env::cuda_gemm() == "gemmex";
+    e.gemm_workspace = size_t(::ringtrain::env::cuda_gemm_workspace_mb()) << 20;
+    e.conv_workspace = size_t(::ringtrain::env::cuda_conv_workspace_mb()) << 20;
     return e;
   }();
   return env;

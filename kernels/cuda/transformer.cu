@@ -4,7 +4,7 @@
 // order), causal self-attention fused as FlashAttention (a warp per query row, an online
 // softmax over its keys, 32 keys at a time, one per lane; backward recomputes the
 // probabilities from the saved log-sum-exp: one pass per query for dq, one per key for dk and
-// dv, so no atomics and no T x T matrix), GELU (tanh form) and the fused token cross-entropy
+// dv, so no atomics and no T x T matrix) and the fused token cross-entropy
 // over a padded vocabulary (a block per row). Formulas follow kernels/cpu term by term.
 #include <cmath>
 
@@ -279,32 +279,6 @@ __global__ void attention_bwd_kernel(const T* qkv, const T* dout, const float* l
   }
 }
 
-// ---- GELU (tanh form) -----------------------------------------------------------------------
-
-constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
-
-// 0.5 (1 + tanh(u)) = sigmoid(2u), as the CPU kernel computes it.
-__device__ __forceinline__ float gelu_sigmoid(float v) {
-  return 1.f / (1.f + expf(-2.f * kSqrt2OverPi * (v + kCubic * v * v * v)));
-}
-
-template <typename X, typename Y>
-__global__ void gelu_tanh_kernel(const X* x, Y* y, int64_t n) {
-  RT_GRID_STRIDE(i, n) {
-    const float v = ld(x, i);
-    st(y, i, v * gelu_sigmoid(v));
-  }
-}
-
-template <typename X, typename D, typename O>
-__global__ void gelu_tanh_bwd_kernel(const X* x, const D* dy, O* dx, int64_t n) {
-  RT_GRID_STRIDE(i, n) {
-    const float v = ld(x, i), sg = gelu_sigmoid(v);
-    const float g = sg + v * 2.f * sg * (1.f - sg) * kSqrt2OverPi * (1.f + 3.f * kCubic * v * v);
-    st(dx, i, ld(dy, i) * g);
-  }
-}
-
 // ---- token cross-entropy -----------------------------------------------------------------
 
 // Block reduction of (max value, first index) and of a sum; thread 0's result is broadcast.
@@ -466,36 +440,6 @@ void launch_attention_bwd(const void* qkv, const void* out, const void* dout, DT
     attention_bwd_kernel<TT, 1><<<warp_blocks(rows), kThreads, shmem, s>>>(
         q, d, lse, delta, static_cast<TT*>(dqkv), b, t_len, heads, hs, scale);
     CUDA_CHECK_LAUNCH();
-  });
-}
-
-void launch_gelu_tanh(const void* x, DType xt, void* y, DType yt, int64_t n, cudaStream_t s) {
-  if (n == 0) return;
-  dispatch(xt, [&](auto X) {
-    using TX = typename decltype(X)::type;
-    dispatch(yt, [&](auto Y) {
-      using TY = typename decltype(Y)::type;
-      gelu_tanh_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x),
-                                                          static_cast<TY*>(y), n);
-      CUDA_CHECK_LAUNCH();
-    });
-  });
-}
-
-void launch_gelu_tanh_backward(const void* x, DType xt, const void* dy, DType dt, void* dx,
-                               DType ot, int64_t n, cudaStream_t s) {
-  if (n == 0) return;
-  dispatch(xt, [&](auto X) {
-    using TX = typename decltype(X)::type;
-    dispatch(dt, [&](auto D) {
-      using TD = typename decltype(D)::type;
-      dispatch(ot, [&](auto O) {
-        using TO = typename decltype(O)::type;
-        gelu_tanh_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(
-            static_cast<const TX*>(x), static_cast<const TD*>(dy), static_cast<TO*>(dx), n);
-        CUDA_CHECK_LAUNCH();
-      });
-    });
   });
 }
 

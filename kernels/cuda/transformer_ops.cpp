@@ -15,29 +15,17 @@
 
 namespace ringtrain::kernels::cuda {
 
-void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
+void CudaBackend::do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                                     const Tensor& y) {
-  check_embedding_shapes(tokens, wte, wpe, y);
   RT_CHECK(!wpe || wpe->dtype == wte.dtype, "token and positional embeddings differ in dtype");
-  check_device(tokens, "tokens");
-  check_device(wte, "token embedding");
-  if (wpe) check_device(*wpe, "positional embedding");
-  check_device(y, "embedding output");
   launch_embedding_fwd(tokens.as<int32_t>(), wte.data, wpe ? wpe->data : nullptr, wte.dtype, y.data,
                        y.dtype, tokens.numel(), tokens.dim(1), wte.dim(1), stream());
 }
 
-void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+void CudaBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
                                      const Tensor* dwpe) {
-  check_embedding_shapes(tokens, dwte, dwpe, dy);
-  RT_CHECK(dwte.dtype == DType::f32 && (!dwpe || dwpe->dtype == DType::f32),
-           "embedding gradients are accumulated in fp32 tensors");
-  check_device(tokens, "tokens");
-  check_device(dy, "embedding output gradient");
-  check_device(dwte, "token embedding gradient");
   CUDA_CHECK(cudaMemsetAsync(dwte.data, 0, dwte.bytes(), stream()));
   if (dwpe) {
-    check_device(*dwpe, "positional embedding gradient");
     CUDA_CHECK(cudaMemsetAsync(dwpe->data, 0, dwpe->bytes(), stream()));
   }
   const int64_t n = tokens.numel(), vocab = dwte.dim(0);
@@ -47,41 +35,31 @@ void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dy, con
                        work, stream());
 }
 
-void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+void CudaBackend::do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     float eps, const Tensor& y, const Tensor& mean,
                                     const Tensor& rstd) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
-  RT_CHECK(beta.numel() == c && beta.dtype == DType::f32 && y.numel() == x.numel() &&
-               mean.numel() == rows && rstd.numel() == rows && mean.dtype == DType::f32 &&
-               rstd.dtype == DType::f32,
-           "layer norm tensors do not match ", rows, " rows of ", c);
-  for (const Tensor* t : {&x, &gamma, &beta, &y, &mean, &rstd}) check_device(*t, "layer norm");
   launch_layernorm_fwd(x.data, x.dtype, gamma.as<float>(), beta.as<float>(), eps, y.data, y.dtype,
                        mean.as<float>(), rstd.as<float>(), rows, c, stream());
 }
 
-void CudaBackend::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+void CudaBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                      const Tensor& dgamma, const Tensor& dbeta) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
-  RT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype == dy.dtype &&
-               dgamma.numel() == c && dbeta.numel() == c && dgamma.dtype == DType::f32 &&
-               dbeta.dtype == DType::f32 && mean.numel() == rows && rstd.numel() == rows,
-           "layer norm gradient tensors do not match ", rows, " rows of ", c);
-  for (const Tensor* t : {&x, &dy, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta})
-    check_device(*t, "layer norm gradient");
+  RT_CHECK(dx.dtype == dy.dtype, "the CUDA layer norm gradient is written in dy's dtype ",
+           dtype_name(dy.dtype), ", got dx ", dtype_name(dx.dtype));
   auto* partial = static_cast<float*>(scratch(kScratchA, size_t(2 * kLayerNormSlices * c) * 4));
   launch_layernorm_bwd(x.data, x.dtype, dy.data, dx.data, dx.dtype, gamma.as<float>(),
                        mean.as<float>(), rstd.as<float>(), partial, dgamma.as<float>(),
                        dbeta.as<float>(), rows, c, stream());
 }
 
-void CudaBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
+void CudaBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   RT_CHECK(out.dtype == qkv.dtype, "attention output ", dtype_name(out.dtype), " for qkv ",
            dtype_name(qkv.dtype));
-  for (const Tensor* t : {&qkv, &out, &lse}) check_device(*t, "attention");
   const SdpaShape s{d.b, d.t, d.heads, d.hs, qkv.dtype};
   const AttentionPath path = select_attention_path(rt_, s);
   count_attention_call(path);
@@ -96,13 +74,12 @@ void CudaBackend::attention_forward(int64_t heads, const Tensor& qkv, const Tens
                        stream());
 }
 
-void CudaBackend::attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+void CudaBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                      const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel() && out.dtype == qkv.dtype &&
                dout.dtype == qkv.dtype && dqkv.dtype == qkv.dtype,
            "attention gradients must match qkv ", shape_str(qkv.shape), " ", dtype_name(qkv.dtype));
-  for (const Tensor* t : {&qkv, &out, &dout, &lse, &dqkv}) check_device(*t, "attention gradient");
   // The forward's decision for the shape (cached), so the lse is read by the pass that wrote it.
   const SdpaShape s{d.b, d.t, d.heads, d.hs, qkv.dtype};
   const AttentionPath path = select_attention_path(rt_, s);
@@ -119,34 +96,9 @@ void CudaBackend::attention_backward(int64_t heads, const Tensor& qkv, const Ten
                        d.b, d.t, d.heads, d.hs, stream());
 }
 
-void CudaBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
-  RT_CHECK(x.numel() == y.numel(), "gelu_tanh of ", x.numel(), " elements into ", y.numel());
-  check_device(x, "gelu input");
-  check_device(y, "gelu output");
-  launch_gelu_tanh(x.data, x.dtype, y.data, y.dtype, x.numel(), stream());
-}
-
-void CudaBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_tanh_backward sizes differ");
-  check_device(x, "gelu input");
-  check_device(dy, "gelu output gradient");
-  check_device(dx, "gelu input gradient");
-  launch_gelu_tanh_backward(x.data, x.dtype, dy.data, dy.dtype, dx.data, dx.dtype, x.numel(),
-                            stream());
-}
-
-XentResult CudaBackend::token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
+XentResult CudaBackend::do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                    float grad_scale, const Tensor* dlogits) {
-  RT_CHECK(logits.dtype == DType::f32 && targets.dtype == DType::i32 && !logits.shape.empty(),
-           "token_xent takes fp32 logits and i32 targets");
   const int64_t vp = logits.shape.back(), rows = logits.numel() / (vp ? vp : 1);
-  RT_CHECK(vocab > 0 && vocab <= vp && targets.numel() == rows, "token_xent: ", targets.numel(),
-           " targets for logits ", shape_str(logits.shape), " over a vocabulary of ", vocab);
-  RT_CHECK(!dlogits || (dlogits->dtype == DType::f32 && dlogits->numel() == logits.numel()),
-           "token_xent gradient must be fp32 like the logits");
-  check_device(logits, "logits");
-  check_device(targets, "targets");
-  if (dlogits) check_device(*dlogits, "logit gradients");
   const size_t need = size_t(rows) * 12 + 16;
   char* dev = static_cast<char*>(scratch(kReduce, need));
   auto* row_loss = reinterpret_cast<double*>(dev);

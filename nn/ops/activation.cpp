@@ -43,6 +43,19 @@ const Tensor& GELU::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
+const Tensor& Pointwise::forward(Context& ctx, const Tensor& x) {
+  x_ = in_dtype(ctx, x, xin_);
+  Tensor& y = y_.ensure(x_.shape, out_dtype(ctx));
+  ctx.backend.unary(kernel_, x_, y);
+  return y;
+}
+
+const Tensor& Pointwise::backward(Context& ctx, const Tensor& dy) {
+  Tensor& dx = dx_.ensure(dy.shape, dtype(ctx));
+  ctx.backend.unary_backward(kernel_, x_, dy, dx);
+  return dx;
+}
+
 // ---- registration ----------------------------------------------------------------------
 
 namespace {

@@ -22,6 +22,15 @@ std::vector<ParamSpec> Conv2D::param_specs() const {
   return specs;
 }
 
+// Fusion with the reader (Layer::fuse_with_reader): a Conv2D or MaxPool2D reader takes over
+// the ReLU's gradient mask and reads the output in the backend's blocked layout.
+void Conv2D::fuse_with_reader(Layer& reader) {
+  if (activation() == kernels::Activation::relu && reader.take_relu_input())
+    set_relu_grad_done_by_next(true);
+  if (out_channels() % kernels::kChannelBlock == 0 && reader.take_blocked_input())
+    set_output_blocked(true);
+}
+
 void Conv2D::bind(std::vector<Param*> params) {
   RT_CHECK(params.size() == (o_.bias ? 2u : 1u), "Conv2D binds ", o_.bias ? 2 : 1, " params, got ",
            params.size());

@@ -24,6 +24,7 @@
 #include "kernels/cuda/argmax_rule.hpp"
 #include "kernels/cuda/conv_select.hpp"
 #include "kernels/cuda/gemm_types.hpp"
+#include "kernels/forwarding_backend.hpp"
 #include "kernels/kernels.hpp"
 #include "nn/graph_builder.hpp"
 
@@ -34,132 +35,17 @@ using kernels::cuda::choose_gemm_types;
 using GemmDtypes = std::array<DType, 3>;  // a, b, c
 
 // The CPU backend, recording the dtypes of every GEMM it is asked for.
-class GemmRecorder final : public kernels::Backend {
+class GemmRecorder final : public kernels::ForwardingBackend {
  public:
-  explicit GemmRecorder(kernels::Backend& be) : be_(be) {}
+  explicit GemmRecorder(kernels::Backend& be) : ForwardingBackend(be) {}
   std::vector<GemmDtypes> gemms;
 
-  const char* name() const override { return be_.name(); }
-  Device device() const override { return be_.device(); }
-  bool supports(kernels::Op op, DType t) const override { return be_.supports(op, t); }
-  void set_threads(int n) override { be_.set_threads(n); }
-  int threads() const override { return be_.threads(); }
-  void gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta,
-            const Tensor& c) override {
+ protected:
+  void do_gemm(bool ta, bool tb, float alpha, const Tensor& a, const Tensor& b, float beta,
+               const Tensor& c) override {
     gemms.push_back({a.dtype, b.dtype, c.dtype});
-    be_.gemm(ta, tb, alpha, a, b, beta, c);
+    ForwardingBackend::do_gemm(ta, tb, alpha, a, b, beta, c);
   }
-  void cast(const Tensor& s, const Tensor& d) override { be_.cast(s, d); }
-  void bias_add(const Tensor& y, const Tensor& b, kernels::Activation act) override {
-    be_.bias_add(y, b, act);
-  }
-  void bias_grad(const Tensor& dy, const Tensor& db) override { be_.bias_grad(dy, db); }
-  void relu(const Tensor& x, const Tensor& y) override { be_.relu(x, y); }
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
-    be_.relu_backward(y, dy, dx);
-  }
-  kernels::XentResult softmax_xent(const Tensor& l, const Tensor& lab, float g, const Tensor* dl,
-                                   float smoothing) override {
-    return be_.softmax_xent(l, lab, g, dl, smoothing);
-  }
-  bool unscale_check(const Tensor& in, float f, const Tensor& out) override {
-    return be_.unscale_check(in, f, out);
-  }
-  bool any_nonfinite(const Tensor& x) override { return be_.any_nonfinite(x); }
-  double sum_squares(const Tensor& x) override { return be_.sum_squares(x); }
-  void scale(const Tensor& x, float f) override { be_.scale(x, f); }
-  void sgd_step(const kernels::SgdConfig& c, const Tensor& p, const Tensor& g, const Tensor* m,
-                const Tensor* w) override {
-    be_.sgd_step(c, p, g, m, w);
-  }
-  void adamw_step(const kernels::AdamWConfig& c, const Tensor& p, const Tensor& g, const Tensor& m,
-                  const Tensor& v, const Tensor* w) override {
-    be_.adamw_step(c, p, g, m, v, w);
-  }
-  void conv2d_forward(const kernels::ConvShape& cs, const Tensor& x, const Tensor& w,
-                      const Tensor* b, kernels::Activation act, const Tensor& y) override {
-    be_.conv2d_forward(cs, x, w, b, act, y);
-  }
-  void conv2d_backward_data(const kernels::ConvShape& cs, const Tensor& dy, const Tensor& w,
-                            const Tensor& dx) override {
-    be_.conv2d_backward_data(cs, dy, w, dx);
-  }
-  void conv2d_backward_filter(const kernels::ConvShape& cs, const Tensor& x, const Tensor& dy,
-                              const Tensor& dw, const Tensor* db) override {
-    be_.conv2d_backward_filter(cs, x, dy, dw, db);
-  }
-  void maxpool2d_forward(const kernels::PoolShape& ps, const Tensor& x, const Tensor& y,
-                         const Tensor& am) override {
-    be_.maxpool2d_forward(ps, x, y, am);
-  }
-  void maxpool2d_backward(const kernels::PoolShape& ps, const Tensor& dy, const Tensor& am,
-                          const Tensor& dx) override {
-    be_.maxpool2d_backward(ps, dy, am, dx);
-  }
-  void avgpool_global_forward(const Tensor& x, const Tensor& y) override {
-    be_.avgpool_global_forward(x, y);
-  }
-  void avgpool_global_backward(const Tensor& dy, const Tensor& dx) override {
-    be_.avgpool_global_backward(dy, dx);
-  }
-  void batchnorm_forward(const kernels::BatchNormConfig& c, bool tr, const Tensor& x,
-                         const Tensor& g, const Tensor& b, const Tensor& rm, const Tensor& rv,
-                         const Tensor& y, const Tensor& mean, const Tensor& invstd) override {
-    be_.batchnorm_forward(c, tr, x, g, b, rm, rv, y, mean, invstd);
-  }
-  void batchnorm_backward(bool tr, const Tensor& x, const Tensor& dy, const Tensor& g,
-                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
-                          const Tensor& dg, const Tensor& db) override {
-    be_.batchnorm_backward(tr, x, dy, g, mean, invstd, dx, dg, db);
-  }
-  void gelu(const Tensor& x, const Tensor& y) override { be_.gelu(x, y); }
-  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
-    be_.gelu_backward(x, dy, dx);
-  }
-  void dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
-                       const Tensor& mask) override {
-    be_.dropout_forward(x, p, seed, y, mask);
-  }
-  void dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
-    be_.dropout_backward(dy, mask, p, dx);
-  }
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override { be_.add(a, b, y); }
-  void embedding_forward(const Tensor& tok, const Tensor& wte, const Tensor* wpe,
-                         const Tensor& y) override {
-    be_.embedding_forward(tok, wte, wpe, y);
-  }
-  void embedding_backward(const Tensor& tok, const Tensor& dy, const Tensor& dwte,
-                          const Tensor* dwpe) override {
-    be_.embedding_backward(tok, dy, dwte, dwpe);
-  }
-  void layernorm_forward(const Tensor& x, const Tensor& g, const Tensor& b, float eps,
-                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override {
-    be_.layernorm_forward(x, g, b, eps, y, mean, rstd);
-  }
-  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& g, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& dx, const Tensor& dg,
-                          const Tensor& db) override {
-    be_.layernorm_backward(x, dy, g, mean, rstd, dx, dg, db);
-  }
-  void attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                         const Tensor& lse) override {
-    be_.attention_forward(heads, qkv, out, lse);
-  }
-  void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                          const Tensor& lse, const Tensor& dqkv) override {
-    be_.attention_backward(heads, qkv, out, dout, lse, dqkv);
-  }
-  void gelu_tanh(const Tensor& x, const Tensor& y) override { be_.gelu_tanh(x, y); }
-  void gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
-    be_.gelu_tanh_backward(x, dy, dx);
-  }
-  kernels::XentResult token_xent(const Tensor& l, const Tensor& t, int64_t vocab, float g,
-                                 const Tensor* dl) override {
-    return be_.token_xent(l, t, vocab, g, dl);
-  }
-
- private:
-  kernels::Backend& be_;
 };
 
 // A built-in model and the vars it is built with.

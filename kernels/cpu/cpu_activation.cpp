@@ -1,13 +1,19 @@
-// CPU GELU in GPT-2's tanh form and its gradient, as x * sigmoid(2u) (u the tanh's
-// argument). With AVX-512: one pass of intrinsics, 16-bit tensors widened and rounded in
-// registers, the sigmoid's division done by VRCP14PS and a Newton step (vec512.hpp).
-// Elsewhere: 16-bit tensors widened to fp32 in blocks on the stack, so the arithmetic loop is
-// always fp32 and vectorises (exp_fast, as a sigmoid).
+// The CPU activation family: the pointwise kernels y = f(x), dx = dy * f'(x) that the kernel
+// table holds (kernel_table.hpp) — GELU exact (erf) and GELU in GPT-2's tanh form — and
+// their registration. An activation added here (and in kernels/cuda/activation.cu) needs no
+// other kernels file: docs/architecture.md, "Adding an op".
+//
+// The tanh GELU is x * sigmoid(2u) (u the tanh's argument). With
+// AVX-512: one pass of intrinsics, 16-bit tensors widened and rounded in registers, the
+// sigmoid's division done by VRCP14PS and a Newton step (vec512.hpp). Elsewhere: 16-bit
+// tensors widened to fp32 in blocks on the stack, so the arithmetic loop is always fp32 and
+// vectorises (exp_fast, as a sigmoid). The exact GELU is a plain OpenMP loop over std::erf.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
-#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/kernel_table.hpp"
 #include "kernels/cpu/elem.hpp"
 #include "kernels/cpu/vec512.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -110,10 +116,8 @@ void commit_span(const Tensor& t, int64_t lo, int64_t n, const float* buf) {
     from_f32(buf, static_cast<char*>(t.data) + lo * int64_t(dtype_size(t.dtype)), t.dtype, n, 1);
 }
 
-}  // namespace
-
-void CpuBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
-  RT_CHECK(x.numel() == y.numel(), "gelu_tanh of ", x.numel(), " elements into ", y.numel());
+void gelu_tanh(const KernelEnv& env, const Tensor& x, const Tensor& y) {
+  const int threads_ = env.threads;
   if (use_avx512()) return v512::run<GeluAvx512>(x.numel(), threads_, x, y);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
     float xb[kBlock], yb[kBlock];
@@ -127,8 +131,9 @@ void CpuBackend::gelu_tanh(const Tensor& x, const Tensor& y) {
   });
 }
 
-void CpuBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  RT_CHECK(x.numel() == dy.numel() && dy.numel() == dx.numel(), "gelu_tanh_backward sizes differ");
+void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy,
+                        const Tensor& dx) {
+  const int threads_ = env.threads;
   if (use_avx512()) return v512::run<GeluGradAvx512>(x.numel(), threads_, x, dy, dx);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
     float xb[kBlock], db[kBlock], ob[kBlock];
@@ -141,6 +146,58 @@ void CpuBackend::gelu_tanh_backward(const Tensor& x, const Tensor& dy, const Ten
       commit_span(dx, b, n, os);
     }
   });
+}
+
+
+// ---- GELU, exact (erf) --------------------------------------------------------------------
+
+void gelu(const KernelEnv& env, const Tensor& x, const Tensor& y) {
+  const int threads_ = env.threads;
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype, [&](auto X) {
+    using EX = decltype(X);
+    dispatch_float(y.dtype, [&](auto Y) {
+      using EY = decltype(Y);
+      const auto* px = x.as<typename EX::storage>();
+      auto* py = y.as<typename EY::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = EX::load(px[i]);
+        py[i] = EY::store(0.5f * v * (1.f + std::erf(v * 0.70710678118654752f)));
+      }
+    });
+  });
+}
+
+void gelu_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int threads_ = env.threads;
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype, [&](auto X) {
+    using EX = decltype(X);
+    dispatch_float(dy.dtype, [&](auto D) {
+      using ED = decltype(D);
+      dispatch_float(dx.dtype, [&](auto O) {
+        using EO = decltype(O);
+        const auto* px = x.as<typename EX::storage>();
+        const auto* pd = dy.as<typename ED::storage>();
+        auto* po = dx.as<typename EO::storage>();
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = EX::load(px[i]);
+          const float cdf = 0.5f * (1.f + std::erf(v * 0.70710678118654752f));
+          const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
+          po[i] = EO::store(ED::load(pd[i]) * (cdf + v * pdf));
+        }
+      });
+    });
+  });
+}
+
+}  // namespace
+
+RT_KERNEL_FAMILY(cpu, activation) {
+  table.unary("gelu", kFloatDTypes, gelu, gelu_backward);
+  table.unary("gelu_tanh", kFloatDTypes, gelu_tanh, gelu_tanh_backward);
 }
 
 }  // namespace ringtrain::kernels::cpu
