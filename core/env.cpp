@@ -1,5 +1,5 @@
-// The table of RINGTRAIN_* environment settings and the one place that reads them (see
-// env.hpp).
+// The table of RINGTRAIN_* environment settings (core/env_table.inc) as data, its typed
+// accessors and their validation, and the one place that reads them (see env.hpp).
 #include "core/env.hpp"
 
 #include <unistd.h>  // environ
@@ -7,80 +7,53 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <regex>
 
 #include "core/edit_distance.hpp"
 #include "core/error.hpp"
 
 namespace ringtrain::env {
+namespace {
 
-const std::vector<Setting>& settings() {
-  static const std::vector<Setting> table = {
-      {"RINGTRAIN_GEMM", "auto|onednn|openblas", "auto", "ringtrain",
-       "the CPU GEMM: auto chooses oneDNN with AVX2 or better, else OpenBLAS",
-       "architecture.md#cpu-gemm"},
-      {"RINGTRAIN_CPU_BF16", "auto|native|widen", "auto", "ringtrain",
-       "16-bit CPU GEMMs and convolutions on the 16-bit inputs (native) or widened to fp32; "
-       "auto: native only with AMX-BF16",
-       "architecture.md#cpu-gemm"},
-      {"RINGTRAIN_CONV", "onednn|im2col", "onednn", "ringtrain",
-       "the CPU convolution: oneDNN's, or im2col + OpenBLAS SGEMM per sample",
-       "architecture.md#cpu-convolution"},
-      {"RINGTRAIN_DIRECT_READ", "0|1", "1", "ringtrain",
-       "0: read images through HDF5 hyperslabs instead of pread() of the chunks",
-       "usage.md#data-loading"},
-      {"RINGTRAIN_CHECKPOINT_DIRECT", "0|1", "1", "ringtrain",
-       "0: write checkpoint chunks through HDF5's filter pipeline instead of pwritev() of each "
-       "chunk and its Fletcher32",
-       "formats.md#storage-and-integrity"},
-      {"RINGTRAIN_RANKS_PER_NODE", "int k", "unset", "ringtrain",
-       "treat each k consecutive ranks as one node, instead of the ranks that share memory",
-       "usage.md#gradient-communication"},
-      {"RINGTRAIN_VERBOSE", "0|1", "0", "ringtrain, launch/ringrun",
-       "1: every rank prints its placement line (host, ranks, GPU, CPUs)",
-       "launching.md#ringrun-rank-gpu-cpus-threads"},
-      {"RINGTRAIN_CUDA_TF32", "0|1", "0", "ringtrain",
-       "1: fp32 GEMMs and convolutions on the GPU in TF32", "gpu.md"},
-      {"RINGTRAIN_CUDA_GEMM", "gemmex", "unset", "ringtrain",
-       "gemmex: GPU GEMMs through cublasGemmEx instead of cuBLASLt", "gpu.md"},
-      {"RINGTRAIN_CUDA_GEMM_WORKSPACE_MB", "int MiB", "32", "ringtrain",
-       "the cuBLASLt workspace per GEMM", "gpu.md"},
-      {"RINGTRAIN_CUDA_CONV_WORKSPACE_MB", "int MiB", "512", "ringtrain",
-       "the most workspace a cuDNN convolution algorithm may use", "gpu.md"},
-      {"RINGTRAIN_CUDA_ATTENTION", "auto|cudnn|kernel", "auto", "ringtrain",
-       "the GPU's fp16/bf16 attention: cuDNN's fused attention (cudnn: required) or ringtrain's "
-       "kernel; auto: cuDNN where built and the shape is supported. fp32 runs the kernel",
-       "gpu.md#attention-cudnn-or-our-kernel"},
-      {"RINGTRAIN_TEST_FAIL", "RANK:POINT[:STEP]", "unset", "ringtrain",
-       "tests only: rank RANK throws a runtime error at POINT (read, forward, backward, reduce, "
-       "gather, optimizer, eval, save, metrics, best, export), at step STEP or the first time",
-       "restart.md"},
-      {"RINGTRAIN_TEST_STALL", "RANK:STEP:SECONDS[:gather]", "unset", "ringtrain",
-       "tests only: rank RANK sleeps SECONDS before step STEP, or before its all-gather under "
-       "--zero 1",
-       "usage.md#stall-detection"},
-      {"RINGTRAIN_TEST_INJECT_NAN", "RANK:STEP:LAYER", "unset", "ringtrain",
-       "tests only: rank RANK writes a nan into layer LAYER's output in step STEP (another "
-       "form is ignored)",
-       "usage.md#numerics"},
-      {"RINGTRAIN_TEST_DIE_BEFORE_RENAME", "STEP", "unset", "ringtrain",
-       "tests only: rank 0 exits (code 9) after writing step STEP's checkpoint to its .tmp "
-       "file, before the rename",
-       "restart.md"},
-      {"RINGTRAIN_BIN", "path", "build/bin/ringtrain", "tests/e2e, tests/gpu, tools/demo.sh",
-       "the ringtrain program the scripts run", ""},
-      {"RINGTRAIN_HOME", "path", "$SLURM_SUBMIT_DIR", "slurm/train.sbatch",
-       "the ringtrain checkout the batch script runs from", "../slurm/README.md"},
-      {"RINGTRAIN_SLURM_DIR", "path", "/tmp/ringtrain-slurm", "slurm/local-cluster.sh, tests/slurm",
-       "the directory of the local one-node Slurm", "../slurm/README.md"},
-      {"RINGTRAIN_NETNS_PREFIX", "name", "rtnode", "tools/netns-cluster.sh",
-       "the prefix of the network namespaces that stand for nodes", ""},
-      {"RINGTRAIN_NETNS_SUBNET", "a.b.c", "10.77.0", "tools/netns-cluster.sh",
-       "the /24 subnet of those namespaces", ""},
-  };
-  return table;
+std::vector<std::string> split_bar(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t bar; (bar = s.find('|', start)) != std::string::npos; start = bar + 1)
+    out.push_back(s.substr(start, bar - start));
+  out.push_back(s.substr(start));
+  return out;
 }
 
-namespace {
+Setting choice(const char* name, const char* values, const char* def, const char* read_by,
+               const char* description, const char* see) {
+  return {name, Kind::choice, values, def, read_by, description, see, split_bar(values)};
+}
+
+Setting flag(const char* name, int def, const char* read_by, const char* description,
+             const char* see) {
+  return {name, Kind::flag, "0|1", def ? "1" : "0", read_by, description, see, {"0", "1"}};
+}
+
+Setting integer(const char* name, int64_t min, int64_t max, const char* unit, const char* def,
+                const char* read_by, const char* description, const char* see) {
+  const std::string range = max == INT64_MAX ? cat("int ≥ ", min) : cat("int ", min, "..", max);
+  Setting s{name, Kind::integer, cat(range, " ", unit), def, read_by, description, see, {}};
+  s.min = min;
+  s.max = max;
+  return s;
+}
+
+Setting text(const char* name, const char* form, const char* pattern, const char* read_by,
+             const char* description, const char* see) {
+  Setting s{name, Kind::text, form, "unset", read_by, description, see, {}};
+  s.pattern = pattern;
+  return s;
+}
+
+Setting script(const char* name, const char* form, const char* def, const char* read_by,
+               const char* description, const char* see) {
+  return {name, Kind::script, form, def, read_by, description, see, {}};
+}
 
 const Setting* find(const std::string& name) {
   for (const auto& s : settings())
@@ -88,10 +61,110 @@ const Setting* find(const std::string& name) {
   return nullptr;
 }
 
+const Setting& declared(const char* name) {
+  const Setting* s = find(name);
+  RT_CHECK(s, "environment setting ", name, " is not declared in core/env_table.inc");
+  return *s;
+}
+
+// The value a typed accessor works on: the environment's, checked, else the default ("" for
+// "unset").
+std::string checked_value(const char* name) {
+  const Setting& s = declared(name);
+  const char* v = std::getenv(name);
+  if (v && *v) {
+    check(s, v);
+    return v;
+  }
+  return std::strcmp(s.default_value, "unset") == 0 ? "" : s.default_value;
+}
+
 }  // namespace
 
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> table = {
+#define RT_ENV_CHOICE(fn, name, values, def, read_by, description, see) \
+  choice(name, values, def, read_by, description, see),
+#define RT_ENV_FLAG(fn, name, def, read_by, description, see) \
+  flag(name, def, read_by, description, see),
+#define RT_ENV_INT(fn, name, min, max, unit, def, read_by, description, see) \
+  integer(name, min, max, unit, def, read_by, description, see),
+#define RT_ENV_TEXT(fn, name, form, pattern, read_by, description, see) \
+  text(name, form, pattern, read_by, description, see),
+#define RT_ENV_SCRIPT(name, form, def, read_by, description, see) \
+  script(name, form, def, read_by, description, see),
+#include "core/env_table.inc"
+#undef RT_ENV_CHOICE
+#undef RT_ENV_FLAG
+#undef RT_ENV_INT
+#undef RT_ENV_TEXT
+#undef RT_ENV_SCRIPT
+  };
+  return table;
+}
+
+// The typed accessors.
+#define RT_ENV_CHOICE(fn, name, ...) \
+  std::string fn() { return checked_value(name); }
+#define RT_ENV_FLAG(fn, name, ...) \
+  bool fn() { return checked_value(name) == "1"; }
+#define RT_ENV_INT(fn, name, ...)              \
+  int64_t fn() {                               \
+    const std::string v = checked_value(name); \
+    return v.empty() ? 0 : std::stoll(v);      \
+  }
+#define RT_ENV_TEXT(fn, name, ...) \
+  std::string fn() { return checked_value(name); }
+#define RT_ENV_SCRIPT(...)
+#include "core/env_table.inc"
+#undef RT_ENV_CHOICE
+#undef RT_ENV_FLAG
+#undef RT_ENV_INT
+#undef RT_ENV_TEXT
+#undef RT_ENV_SCRIPT
+
+void check(const Setting& s, const std::string& value) {
+  if (value.empty()) return;
+  switch (s.kind) {
+    case Kind::choice:
+    case Kind::flag: {
+      if (std::find(s.choices.begin(), s.choices.end(), value) != s.choices.end()) return;
+      std::string list;
+      for (size_t i = 0; i < s.choices.size(); ++i)
+        list += cat(i == 0 ? "" : i + 1 == s.choices.size() ? " or " : ", ", s.choices[i]);
+      throw_input(cat(s.name, "='", value, "' is not valid; expected ", list,
+                      std::strcmp(s.default_value, "unset") == 0 ? " (or unset)" : ""));
+    }
+    case Kind::integer: {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == value.size() && value.find_first_not_of("0123456789") == std::string::npos &&
+          v >= s.min && v <= s.max)
+        return;
+      throw_input(cat(s.name, "='", value, "' is not valid; expected an integer ",
+                      s.max == INT64_MAX ? cat(">= ", s.min) : cat("from ", s.min, " to ", s.max),
+                      " (", s.values.substr(s.values.rfind(' ') + 1), ")"));
+    }
+    case Kind::text:
+      if (!*s.pattern || std::regex_match(value, std::regex(s.pattern))) return;
+      throw_input(cat(s.name, "='", value, "' is not valid; expected ", s.values));
+    case Kind::script:
+      return;
+  }
+}
+
+void check_all() {
+  for (const auto& s : settings())
+    if (const char* v = std::getenv(s.name)) check(s, v);
+}
+
 const char* raw(const char* name) {
-  RT_CHECK(find(name), "environment setting ", name, " is not declared in core/env.cpp");
+  declared(name);
   return std::getenv(name);
 }
 
@@ -135,7 +208,7 @@ std::string markdown_table() {
   };
   for (const auto& s : settings()) {
     const std::string see = *s.see ? cat(" ([more](", s.see, "))") : "";
-    out += cat("| `", s.name, "` | `", cell(s.type), "` | ", s.default_value, " | ", s.read_by,
+    out += cat("| `", s.name, "` | `", cell(s.values), "` | ", s.default_value, " | ", s.read_by,
                " | ", cell(s.description), see, " |\n");
   }
   return out;

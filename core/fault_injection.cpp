@@ -1,4 +1,5 @@
-// RINGTRAIN_TEST_FAIL parsing and the injection check (see fault_injection.hpp).
+// RINGTRAIN_TEST_FAIL and RINGTRAIN_TEST_STALL parsing and the injection check (see
+// fault_injection.hpp); the table (core/env_table.inc) has checked their form.
 #include "core/fault_injection.hpp"
 #include "core/env.hpp"
 
@@ -25,9 +26,9 @@ std::atomic<int> g_rank{-1};
 const Fault& fault() {
   static const Fault f = [] {
     Fault f;
-    const char* v = env::raw("RINGTRAIN_TEST_FAIL");
-    if (!v || !*v) return f;
-    const int n = std::sscanf(v, "%d:%31[a-z]:%lld", &f.rank, f.point, &f.step);
+    const std::string v = env::test_fail();
+    if (v.empty()) return f;
+    const int n = std::sscanf(v.c_str(), "%d:%31[a-z]:%lld", &f.rank, f.point, &f.step);
     RT_REQUIRE(n >= 2, "RINGTRAIN_TEST_FAIL='", v, "' is not valid; expected RANK:POINT[:STEP]");
     f.valid = true;
     return f;
@@ -49,6 +50,20 @@ void maybe_inject_fault(const char* point, int64_t step) {
   throw Error(ErrorKind::runtime,
               cat("injected test failure at '", point, "' on rank ", f.rank,
                   step >= 0 ? cat(" in step ", step) : std::string(), " (RINGTRAIN_TEST_FAIL)"));
+}
+
+StallHook stall_hook() {
+  StallHook h;
+  const std::string v = env::test_stall();
+  if (v.empty()) return h;
+  long long step = 0;
+  char point[16] = {0};
+  const int got = std::sscanf(v.c_str(), "%d:%lld:%lf:%15s", &h.rank, &step, &h.seconds, point);
+  RT_REQUIRE(got == 3 || (got == 4 && std::string(point) == "gather"), "RINGTRAIN_TEST_STALL='", v,
+             "' is not valid; expected RANK:STEP:SECONDS[:gather]");
+  h.step = step;
+  h.gather = got == 4;
+  return h;
 }
 
 }  // namespace ringtrain

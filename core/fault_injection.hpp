@@ -17,4 +17,15 @@ void set_fault_rank(int rank);
 // Throws when RINGTRAIN_TEST_FAIL names this rank, `point` and `step` (-1: any step).
 void maybe_inject_fault(const char* point, int64_t step = -1);
 
+// Test-only stall: RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather] holds rank RANK back for
+// SECONDS before step STEP, or before its all-gather of that step under --zero 1 (the stall
+// detection tests, tests/e2e/stall.sh and zero.sh). rank -1: no stall.
+struct StallHook {
+  int rank = -1;
+  int64_t step = 0;
+  double seconds = 0;
+  bool gather = false;
+};
+StallHook stall_hook();
+
 }  // namespace ringtrain

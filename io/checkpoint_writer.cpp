@@ -77,8 +77,7 @@ class Writer {
     path_ = path;
     // Direct chunk writes only when every rank can make them: the choice decides whether
     // H5Dwrite (collective) is called, so it must be the same everywhere.
-    const char* env = env::raw("RINGTRAIN_CHECKPOINT_DIRECT");
-    if (!(env && std::string(env) == "0")) fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (env::checkpoint_direct()) fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     int ok = fd_ >= 0;
     if (comm_ != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_);
     direct_ = ok != 0;
@@ -376,7 +375,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
-  if (const char* t = env::raw("RINGTRAIN_TEST_DIE_BEFORE_RENAME"); t && std::atoll(t) == m.step)
+  if (const int64_t t = env::test_die_before_rename(); t && t == m.step)
     std::_Exit(9);
   fsync_path(tmp);
   std::error_code ec;

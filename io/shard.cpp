@@ -145,8 +145,7 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
 }
 
 void ShardFile::plan_direct_reads(const Shape& ishape) {
-  const char* env = env::raw("RINGTRAIN_DIRECT_READ");
-  if (env && std::string(env) == "0") return;
+  if (!env::direct_read()) return;
   H5Id dcpl(H5_CHECK(H5Dget_create_plist(images_)));
   H5Id type(H5_CHECK(H5Dget_type(images_)));
   if (H5Pget_nfilters(dcpl) != 0 || H5Tequal(type, h5_type(info_.image_dtype)) <= 0) return;

@@ -61,12 +61,6 @@ struct TrainConfig {
   bool overlap = true;         // allreduce buckets while backward runs
   int zero = 0;                // 1: ZeRO-1, optimizer state and fp32 gradients sharded
   double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)
-  // Test-only (RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather]): hold one rank back before a
-  // step (or before its all-gather).
-  int test_stall_rank = -1;
-  int64_t test_stall_step = 0;
-  double test_stall_seconds = 0;
-  bool test_stall_gather = false;  // ...:gather: held before the step's all-gather (--zero 1)
   int64_t log_every = 50;
   std::string metrics;
   std::string tensorboard;        // event-file directory (rank 0)

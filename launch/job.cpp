@@ -21,6 +21,32 @@
 #include "core/fault_injection.hpp"
 
 namespace ringtrain::launch {
+namespace {
+
+// Every RINGTRAIN_* value is checked on every rank before any is read: a bad value that
+// only some ranks have (mpirun -x on one rank, a wrapper script) ends every rank with exit 1
+// and the lowest such rank's message, before a collective could wait for a rank that left.
+void check_settings_on_every_rank() {
+  std::string why;
+  try {
+    env::check_all();
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  int first = why.empty() ? size : rank;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == size) return;
+  if (rank == first)  // which rank: the environment may differ between them
+    std::cerr << cat("ringtrain: error: ", why,
+                     size > 1 ? cat(" [rank ", rank, " on ", hostname(), "]") : std::string(), "\n")
+              << std::flush;
+  throw JobExit{1};
+}
+
+}  // namespace
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
@@ -28,6 +54,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   // Errors come back as codes, which MPI_CHECK turns into messages with rank and host.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check_settings_on_every_rank();
   world_ = std::make_unique<comm::MpiCommunicator>(MPI_COMM_WORLD);
   control_ = std::make_unique<comm::ControlChannel>(MPI_COMM_WORLD);
   set_fault_rank(world_->rank());
@@ -37,8 +64,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
       std::cerr << cat("ringtrain: warning: ", env::unknown_settings_message(unknown), "\n")
                 << std::flush;
   }
-  const char* verbose = env::raw("RINGTRAIN_VERBOSE");
-  if (verbose && std::string(verbose) == "1") {
+  if (env::verbose()) {
     const Placement& p = placement_;
     // One write per line: through mpirun, pieces of lines from several ranks could interleave.
     std::cerr << cat("ringtrain: host=", hostname(), " rank=", world_->rank(),
@@ -61,6 +87,8 @@ std::string hostname() {
   gethostname(host, sizeof host - 1);
   return host;
 }
+
+bool started_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 
 namespace {
 

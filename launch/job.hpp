@@ -46,7 +46,9 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node);
 
 class MpiSession {
  public:
-  // With RINGTRAIN_VERBOSE=1 every rank prints its placement line on stderr.
+  // With RINGTRAIN_VERBOSE=1 every rank prints its placement line on stderr. Checks every
+  // RINGTRAIN_* setting on every rank first: a bad value anywhere throws JobExit{1} on every
+  // rank after one rank printed the message (MPI is initialised; the caller finalises it).
   MpiSession(int* argc, char*** argv);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
@@ -62,6 +64,9 @@ class MpiSession {
 };
 
 std::string hostname();
+// Whether Open MPI's mpirun started this process (OMPI_COMM_WORLD_SIZE is set): it gives
+// every rank a pseudo-terminal and forwards Ctrl-C as SIGTERM.
+bool started_by_mpirun();
 // Threads for this rank: the requested number, else OMP_NUM_THREADS if set (launch/ringrun
 // sets it to the rank's share), else the rank's CPU set if bound, else the node's cores
 // divided among its ranks.

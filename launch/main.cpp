@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<MpiSession> mpi;
   try {
     mpi = std::make_unique<MpiSession>(&argc, &argv);
-  } catch (const Error& e) {  // e.g. a bad RINGTRAIN_RANKS_PER_NODE: the same on every rank
+  } catch (const JobExit& e) {  // a bad RINGTRAIN_* value on some rank, already reported
+    MPI_Finalize();
+    return e.code;
+  } catch (const Error& e) {  // a failure of MPI start-up: the same on every rank
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::cerr << "ringtrain: error: " << e.what() << std::endl;

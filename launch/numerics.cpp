@@ -17,10 +17,10 @@ NumericsCheck::NumericsCheck(Model& model, kernels::Backend& backend, bool enabl
       enabled_(enabled),
       rank_(rank),
       overflows_(model.layers().size(), 0) {
-  if (const char* t = env::raw("RINGTRAIN_TEST_INJECT_NAN")) {
+  if (const std::string t = env::test_inject_nan(); !t.empty()) {
     char layer[128] = {0};
     long long step = 0;
-    if (std::sscanf(t, "%d:%lld:%127s", &inject_rank_, &step, layer) == 3) {
+    if (std::sscanf(t.c_str(), "%d:%lld:%127s", &inject_rank_, &step, layer) == 3) {
       inject_step_ = step;
       inject_layer_ = layer;
     }

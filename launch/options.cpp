@@ -254,16 +254,6 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   parse_step_window(c.timeline_steps);  // input error now, not after training
   RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every,
              " is not valid: must be >= 0");
-  if (const char* t = env::raw("RINGTRAIN_TEST_STALL")) {
-    long long step = 0;
-    char point[16] = {0};
-    const int got =
-        std::sscanf(t, "%d:%lld:%lf:%15s", &c.test_stall_rank, &step, &c.test_stall_seconds, point);
-    RT_REQUIRE((got == 3 || (got == 4 && std::string(point) == "gather")), "RINGTRAIN_TEST_STALL='",
-               t, "' is not RANK:STEP:SECONDS[:gather]");
-    c.test_stall_gather = got == 4;
-    c.test_stall_step = step;
-  }
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");

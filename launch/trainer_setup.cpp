@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "core/fault_injection.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
@@ -156,7 +157,7 @@ void Trainer::setup() {
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
   console_ = Console(comm_.rank(),
                      cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
-                                                !std::getenv("OMPI_COMM_WORLD_SIZE")));
+                                                !started_by_mpirun()));
   if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
     check_timeline_path(cfg_.timeline);  // fail now, not after training
   }
@@ -368,9 +369,9 @@ void Trainer::add_observers() {
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
   observers_.add(std::make_unique<TimelineObserver>(timeline_, *model_, *reducer_, sharded));
-  observers_.add(std::make_unique<FaultObserver>(comm_.rank(), cfg_.test_stall_rank,
-                                                 cfg_.test_stall_step, cfg_.test_stall_seconds,
-                                                 cfg_.test_stall_gather));
+  const StallHook stall = stall_hook();  // test-only
+  observers_.add(std::make_unique<FaultObserver>(comm_.rank(), stall.rank, stall.step,
+                                                 stall.seconds, stall.gather));
   // Before the skip reporter: a skipped step is charged to its layers before the warning
   // names the layer that overflows most.
   observers_.add(
@@ -385,6 +386,9 @@ void Trainer::add_observers() {
   observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
                                                   tokens_ ? tokens_->seq_len() : 0, comm_.size(),
                                                   console_, metrics_, tensorboard_.get()));
+  auto summary = std::make_unique<RunSummary>(global_batch_, tokens_ ? tokens_->seq_len() : 0);
+  summary_ = summary.get();
+  observers_.add(std::move(summary));
   node_hooks_ = observers_.layer_hooks();
   if (!shards_.empty()) node_hooks_.before_forward = [this](size_t n) { wait_for_node_weights(n); };
   reduce_hooks_ = node_hooks_;

@@ -116,13 +116,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool discover_nodes) {
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  const char* per_node = env::raw("RINGTRAIN_RANKS_PER_NODE");
   if (!discover_nodes) {
     MPI_CHECK(MPI_Comm_split(comm_, rank_, 0, &local_));
-  } else if (per_node && *per_node) {
-    const int k = std::atoi(per_node);
-    RT_REQUIRE(k >= 1, "RINGTRAIN_RANKS_PER_NODE='", per_node, "' is not a positive number");
-    MPI_CHECK(MPI_Comm_split(comm_, rank_ / k, rank_, &local_));
+  } else if (const int64_t k = env::ranks_per_node()) {  // 0: unset
+    MPI_CHECK(MPI_Comm_split(comm_, int(rank_ / k), rank_, &local_));
   } else {
     MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
   }
