@@ -17,6 +17,8 @@ class Console {
   // A progress line; with a bar, `fraction` of the run is shown done.
   void progress(const std::string& line, double fraction);
   void end_bar();  // ends the bar's line (at the end of a run)
+  // A bar is drawn (rank 0 on a terminal): worth redrawing between --log-every lines.
+  bool live() const { return !quiet_ && bar_; }
 
  private:
   bool quiet_ = true, bar_ = false, bar_active_ = false;

@@ -180,7 +180,25 @@ std::string duration_str(double seconds) {
   return cat(s, "s");
 }
 
-void WindowReporter::begin_run() { window_start_ = Clock::now(); }
+void WindowReporter::begin_run() { window_start_ = last_draw_ = Clock::now(); }
+
+std::string WindowReporter::window_line(const StepRecord& r, double* samples_per_sec) const {
+  const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
+  const double samples = double(window_steps_ * global_batch_);
+  const double tokens = samples * double(std::max<int64_t>(seq_len_, 1));  // scored per sample
+  const double loss = sums_.loss_sum / samples, acc = sums_.correct / tokens;
+  const double sps = samples / std::max(secs, 1e-9);
+  const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
+  const double tps = sps * double(std::max<int64_t>(seq_len_, 1));  // tokens (or samples)/s
+  char line[240];
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
+                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, tps,
+                seq_len_ > 0 ? "tokens" : "samples", duration_str(eta).c_str());
+  if (samples_per_sec) *samples_per_sec = sps;
+  return line;
+}
 
 void WindowReporter::end_step(const StepRecord& r) {
   ++window_steps_;
@@ -191,21 +209,26 @@ void WindowReporter::end_step(const StepRecord& r) {
   sums_.comm_s += r.comm_s;
   sums_.exposed_comm_s += r.exposed_comm_s;
   sums_.step_s += r.step_s;
-  if (r.step % log_every_ != 0 && r.step != r.total_steps) return;
-  const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
-  const double samples = double(window_steps_ * global_batch_);
-  const double loss = sums_.loss_sum / samples, acc = sums_.correct / samples;
-  const double sps = samples / std::max(secs, 1e-9);
-  const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
-  const double tps = sps * double(std::max<int64_t>(seq_len_, 1));  // tokens (or samples)/s
-  char line[240];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
-                static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
-                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, tps,
-                seq_len_ > 0 ? "tokens" : "samples", duration_str(eta).c_str());
-  console_.progress(line, double(r.step) / double(std::max<int64_t>(r.total_steps, 1)));
+  const double fraction = double(r.step) / double(std::max<int64_t>(r.total_steps, 1));
+  if (r.step % log_every_ != 0 && r.step != r.total_steps) {
+    // A bar between the window's lines: the window so far, after the first step and on time.
+    if (!console_.live()) return;
+    const auto now = Clock::now();
+    if (drawn_ && std::chrono::duration<double>(now - last_draw_).count() < kRedrawSeconds) return;
+    console_.progress(window_line(r, nullptr), fraction);
+    drawn_ = true;
+    last_draw_ = now;
+    return;
+  }
+  double sps = 0;
+  console_.progress(window_line(r, &sps), fraction);
+  drawn_ = true;
+  last_draw_ = Clock::now();
   maybe_inject_fault("metrics", r.step);
+  const double samples = double(window_steps_ * global_batch_);
+  const double loss = sums_.loss_sum / samples;
+  const double acc = sums_.correct / (samples * double(std::max<int64_t>(seq_len_, 1)));
+  const double tps = sps * double(std::max<int64_t>(seq_len_, 1));
   const double n = double(window_steps_);
   if (tensorboard_) {
     for (auto [tag, v] : {std::pair<const char*, double>{"train/loss", loss},
@@ -239,6 +262,46 @@ void WindowReporter::end_step(const StepRecord& r) {
   sums_ = StepRecord{};
   window_start_ = Clock::now();
   window_steps_ = 0;
+}
+
+// --- RunSummary
+
+namespace {
+std::string fixed_str(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+}  // namespace
+
+void RunSummary::end_step(const StepRecord& r) {
+  if (steps_++ == 0) first_step_ = r.step;
+  last_step_end_ = Clock::now();
+}
+
+void RunSummary::evaluated(int64_t step, double loss, double accuracy) {
+  if (best_step_ >= 0 && !(loss < best_loss_)) return;
+  best_step_ = step;
+  best_loss_ = loss;
+  best_accuracy_ = accuracy;
+}
+
+std::string RunSummary::totals(int64_t step, int64_t total) const {
+  const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (steps_ == 0)
+    return cat("no steps to take (at step ", step, " of ", total, "), ", fixed_str(wall, 1), "s");
+  const double train_s = std::chrono::duration<double>(last_step_end_ - start_).count();
+  const double samples = double(steps_ * global_batch_);
+  const double rate = samples * double(std::max<int64_t>(seq_len_, 1)) / std::max(train_s, 1e-9);
+  return cat(steps_, " step(s) (", first_step_, "-", step, " of ", total, ") in ",
+             fixed_str(wall, 1), "s, ", fixed_str(rate, 0),
+             seq_len_ > 0 ? " tokens/s" : " samples/s");
+}
+
+std::string RunSummary::best_eval() const {
+  if (best_step_ < 0) return "";
+  return cat("best val loss ", fixed_str(best_loss_, 4), seq_len_ > 0 ? " nats/token" : "",
+             " (accuracy ", fixed_str(best_accuracy_, 4), ") at step ", best_step_);
 }
 
 }  // namespace ringtrain::launch

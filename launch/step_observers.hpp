@@ -6,7 +6,9 @@
 //   NumericsObserver   --check-numerics (may veto the update), overflow charging per layer
 //   SkipReporter       the skip record of a skipped step and the loss-scale warnings
 //   HistogramObserver  --tensorboard's weight and gradient histograms (--histogram-every)
-//   WindowReporter     per --log-every window: the progress line, the step record, scalars
+//   WindowReporter     per --log-every window: the progress line, the step record, scalars;
+//                      a bar is also redrawn on time (every kRedrawSeconds) between them
+//   RunSummary         the run's totals for the summary line at its end
 #pragma once
 
 #include <chrono>
@@ -45,7 +47,9 @@ enum class Phase {
 struct StepRecord {
   int64_t step = 0, total_steps = 0, epoch = 0;
   double loss_scale = 1, lr = 0;
-  // What the ranks agreed on: summed loss and correct predictions over the global batch.
+  // What the ranks agreed on over the global batch: the loss summed over samples (token
+  // data: each window's mean over its tokens) and the correct predictions (token data: the
+  // correct tokens, so that accuracy is correct tokens / tokens).
   double loss_sum = 0, correct = 0;
   // This rank's seconds: waiting for data, forward + backward, the bucket allreduces (mostly
   // hidden behind backward), the part of them backward did not hide, the whole step.
@@ -197,7 +201,9 @@ class HistogramObserver : public StepObserver {
 
 // The steps of each --log-every window (and the last step) summed into one progress line,
 // one step record of the metrics file and TensorBoard scalars (when `tensorboard`). Token
-// data (seq_len > 0): the loss is per token already; the line gives tokens/s.
+// data (seq_len > 0): the loss is per token already; the line gives tokens/s. With a bar
+// (Console::live) the line is also redrawn from the window so far after the first step and
+// whenever kRedrawSeconds have passed, so that it moves however large --log-every is.
 class WindowReporter : public StepObserver {
  public:
   WindowReporter(int64_t log_every, int64_t global_batch, int64_t seq_len, int world_size,
@@ -212,15 +218,44 @@ class WindowReporter : public StepObserver {
   void begin_run() override;
   void end_step(const StepRecord& record) override;
 
+  static constexpr double kRedrawSeconds = 0.5;
+
  private:
+  // The progress line of the window so far, and its throughput in samples/s.
+  std::string window_line(const StepRecord& last, double* samples_per_sec) const;
+
   int64_t log_every_, global_batch_, seq_len_;
   int world_size_;
   Console& console_;
   MetricsWriter& metrics_;
   EventWriter* tensorboard_;
-  Clock::time_point window_start_;
+  Clock::time_point window_start_, last_draw_;
+  bool drawn_ = false;  // a line was drawn in this run
   int64_t window_steps_ = 0;
   StepRecord sums_;  // the window's summed losses, correct predictions and seconds
+};
+
+// The totals of this run (not of earlier runs a resume continues) for the line that ends it:
+// steps, wall time, throughput, and the best validation loss of its evaluations.
+class RunSummary : public StepObserver {
+ public:
+  RunSummary(int64_t global_batch, int64_t seq_len)
+      : global_batch_(global_batch), seq_len_(seq_len) {}
+  void begin_run() override { start_ = last_step_end_ = Clock::now(); }
+  void end_step(const StepRecord& record) override;
+  void evaluated(int64_t step, double loss, double accuracy);  // each validation
+  // "N steps (A-B of T) in 12.3s, 4567 samples/s": `step` and `total` the trainer's.
+  std::string totals(int64_t step, int64_t total) const;
+  // The best validation of this run ("best val loss 0.41 (accuracy 0.87) at step 200"), or
+  // "" without one.
+  std::string best_eval() const;
+
+ private:
+  int64_t global_batch_, seq_len_;
+  Clock::time_point start_, last_step_end_;
+  int64_t steps_ = 0, first_step_ = 0;
+  int64_t best_step_ = -1;
+  double best_loss_ = 0, best_accuracy_ = 0;
 };
 
 // "42s", "3m07s", "2h05m": an ETA for progress lines.

@@ -3,7 +3,6 @@
 #include "launch/trainer.hpp"
 
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -72,15 +71,13 @@ kernels::XentResult Trainer::loss_and_gradient(const Tensor& logits, const Tenso
     return backend_->softmax_xent(logits, y, scale, &dlogits, cfg_.label_smoothing);
   // A language model: logits [B, T, V] against targets [B, T], the cross-entropy of every
   // token over the data's vocabulary (the first `classes` of V, which may be padded). The
-  // loss is the mean over tokens; reported per sample as that mean (sum / T), and the
-  // correct predictions as whole samples' worth (correct tokens / T, rounded down).
+  // loss is the mean over tokens, reported per sample as that mean (sum / T); the correct
+  // predictions stay a count of tokens (the reporters divide by samples x T).
   RT_REQUIRE(cfg_.label_smoothing == 0.f,
              "--label-smoothing is for classifiers; a language "
              "model's token loss takes none");
   auto r = backend_->token_xent(logits, y, model_->classes(), scale, &dlogits);
-  const int64_t t = logits.dim(1);
-  r.loss_sum /= double(t);
-  r.correct /= t;
+  r.loss_sum /= double(logits.dim(1));
   return r;
 }
 
@@ -397,16 +394,8 @@ int Trainer::run() {
       }
       save_checkpoint();
       finish_timeline();
-      say(cat("stopped by ", signal_name(stop_signal_), " on ",
-              stop_ranks_ == comm_.size() && comm_.size() > 1 ? cat("all ", stop_ranks_, " ranks")
-                                                              : cat("rank ", stop_rank_),
-              " at step ", step_, "; checkpoint ", store_->path_for(step_),
-              " saved. Run the same command again to continue."));
-      if (stop_signal_ == SIGTERM && std::getenv("OMPI_COMM_WORLD_SIZE") &&
-          stop_ranks_ == comm_.size())
-        say("(mpirun forwards Ctrl-C and SIGTERM to every rank as SIGTERM, and itself exits 1 "
-            "after Ctrl-C; `kill -USR1 <mpirun pid>` stops the job with exit 75)");
-      write_stop_record("signal", 75);
+      announce_stop();
+      end_run("signal", 75);
       return 75;
     }
     // Evaluation first: a checkpoint of this step then carries its verdict (best, patience).
@@ -425,8 +414,7 @@ int Trainer::run() {
         "early stop at step ", step_, ": ", cfg_.early_stop, " evaluations without improvement of ",
         cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best, " (best at step ", best_step_, ")"));
   finish_timeline();
-  console_.end_bar();
-  write_stop_record(stopped_early ? "early_stop" : "finished", 0);
+  end_run(stopped_early ? "early_stop" : "finished", 0);
   return 0;
 }
 

@@ -43,7 +43,9 @@ class Trainer {
 
   // What one step agreed on across ranks (one small allreduce per step).
   struct StepOutcome {
-    double loss_sum = 0, correct = 0;  // over the global batch
+    // Over the global batch: the loss summed over samples (a language model's per-sample
+    // loss is its mean over tokens), the correct predictions (a language model's: tokens).
+    double loss_sum = 0, correct = 0;
     // This rank's seconds: waiting for data, forward + backward, the bucket allreduces
     // (mostly hidden behind backward), the part of them backward did not hide, whole step.
     // (--zero 1: what of the all-gather the next forward waits for counts in that step.)
@@ -165,6 +167,12 @@ class Trainer {
   void save_best(const std::string& metric, double value);
   void write_start_record();
   void write_stop_record(const char* reason, int code);
+  // Rank 0: the stop line after a signal's checkpoint (stdout) and, under a launcher that
+  // reports exit code 75 as a failure, one line on stderr saying that it is this stop.
+  void announce_stop();
+  // The run's summary line (what it did, the best validation, the last checkpoint and how
+  // to continue) and its stop record; `reason` as the stop record names it.
+  void end_run(const char* reason, int code);
   void write_tensorboard_config();  // hparams and the config as text
   void save_checkpoint();
   bool run_eval();      // false without --val-data
@@ -224,7 +232,8 @@ class Trainer {
   JsonLine resume_line_;  // start_from(): the resume record, written when the run starts
   bool resumed_ = false;
   int stop_signal_ = 0, stop_rank_ = 0, stop_ranks_ = 0;  // agreed when a rank got a signal
-  std::string resumed_from_;  // what start_state() resumed from, for the first lines
+  std::string resumed_from_;       // what start_state() resumed from, for the first lines
+  RunSummary* summary_ = nullptr;  // one of observers_: this run's totals
   std::chrono::steady_clock::time_point last_save_time_;
   // Last: they watch the members above. node_hooks_ reports nodes to the observers;
   // reduce_hooks_ also hands each finished gradient to the reducer (a step's last micro-batch).

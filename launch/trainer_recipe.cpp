@@ -1,16 +1,21 @@
 // The training recipe's parts of the Trainer's loop: evaluation cadence (--eval-every),
-// the best checkpoint (--keep-best, DIR/best.h5) and early stopping (--early-stop), and the
+// the best checkpoint (--keep-best, DIR/best.h5) and early stopping (--early-stop), the
 // records that describe a run to the programs that read its metrics and TensorBoard files
-// (start with the configuration, stop with the reason).
+// (start with the configuration, stop with the reason), and the lines that end a run for
+// the person watching it (the stop after a signal, the summary).
 #include <hdf5.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
 #include "core/fault_injection.hpp"
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
+#include "launch/job.hpp"
+#include "launch/signals.hpp"
 #include "launch/trainer.hpp"
 #include "ringtrain/config.hpp"
 #include "ringtrain/git_commit.hpp"
@@ -40,6 +45,7 @@ void Trainer::eval_if_due(bool epoch_done) {
 }
 
 void Trainer::track_best(double loss, double accuracy) {
+  if (summary_) summary_->evaluated(step_, loss, accuracy);
   if (cfg_.keep_best.empty() && cfg_.early_stop == 0) return;
   // The same sums on every rank (allreduced), so every rank takes the same decisions.
   const std::string metric = cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best;
@@ -120,6 +126,57 @@ void Trainer::write_stop_record(const char* reason, int code) {
                      .add("exit_code", code)
                      .add("best_step", best_step_)
                      .add("best_value", best_value_));
+}
+
+void Trainer::announce_stop() {
+  const std::string who = stop_ranks_ == comm_.size() && comm_.size() > 1
+                              ? cat("all ", stop_ranks_, " ranks")
+                              : cat("rank ", stop_rank_);
+  const std::string ckpt = store_->path_for(step_);
+  say(cat("stopped by ", signal_name(stop_signal_), " on ", who, " at step ", step_,
+          "; checkpoint ", ckpt, " saved. Run the same command again to continue."));
+  const bool under_mpirun = started_by_mpirun();
+  if (stop_signal_ == SIGTERM && under_mpirun && stop_ranks_ == comm_.size())
+    say("(mpirun forwards Ctrl-C and SIGTERM to every rank as SIGTERM, and itself exits 1 "
+        "after Ctrl-C; `kill -USR1 <mpirun pid>` stops the job with exit 75)");
+  // The launcher reports the ranks' 75 after this line, in words that read as a failure
+  // (Open MPI: "the job has been aborted ... Exit code: 75"; Slurm: "srun: error: ...
+  // Exited with exit code 75"): one line on stderr, beside that report, says what it is.
+  const char* report = under_mpirun ? "mpirun's \"job has been aborted ... Exit code: 75\" report"
+                       : std::getenv("SLURM_STEP_ID") ? "srun's \"error: ... exit code 75\" report"
+                       : comm_.size() > 1             ? "the launcher's report of exit code 75"
+                                                      : nullptr;
+  if (report)
+    console_.warn("stop", cat("requested by ", signal_name(stop_signal_), ", done at step ", step_,
+                              " with checkpoint ", ckpt, "; ", report,
+                              " that follows is this stop, not a failure. Run the same command "
+                              "again to continue."));
+}
+
+void Trainer::end_run(const char* reason, int code) {
+  console_.end_bar();
+  std::string line = cat("run summary: ", summary_->totals(step_, total_steps_));
+  // The best validation: --keep-best/--early-stop's metric (carried over a resume), else the
+  // lowest validation loss of this run's evaluations.
+  if (best_step_ >= 0) {
+    const std::string metric = cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best;
+    line += cat("; best ", metric, " ", best_value_, " at step ", best_step_);
+  } else if (const std::string best = summary_->best_eval(); !best.empty()) {
+    line += "; " + best;
+  }
+  if (cfg_.checkpoint_dir.empty()) {
+    line += "; no checkpoint (no --checkpoint-dir): a longer run starts from step 0";
+  } else {
+    line += cat("; last checkpoint ",
+                last_saved_step_ >= 0 ? store_->path_for(last_saved_step_) : std::string("none"));
+    if (code != 75)  // (after a stop, the stop line says how to continue)
+      line +=
+          cat("; to train further, run the same command with a larger --steps or --epochs "
+              "(it resumes from the newest checkpoint in ",
+              cfg_.checkpoint_dir, ")");
+  }
+  say(line);
+  write_stop_record(reason, code);
 }
 
 void Trainer::write_tensorboard_config() {

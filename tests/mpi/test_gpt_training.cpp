@@ -2,17 +2,20 @@
 // dataset at 2, 3 and 4 ranks (compares ranks, so not registered at 1 rank): the fp32
 // masters and the working copy stay bitwise identical on every rank after every step, in
 // fp32 and bf16; and W ranks x 24/W windows follow 1 rank x 24 windows (fp32, relative L2
-// difference of all parameters <= 1e-5 after 12 steps: only the summation order differs).
+// difference of all parameters <= 1e-5 after 12 steps: only the summation order differs);
+// and the accuracy the steps report is correct tokens / tokens, as evaluation counts it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "core/rng.hpp"
 #include "io/tokens.hpp"
+#include "launch/evaluate.hpp"
 #include "launch/trainer.hpp"
 #include "mpi_test_util.hpp"
 
@@ -20,8 +23,9 @@ namespace ringtrain {
 namespace {
 
 // Rank 0 writes a learnable byte stream (words of a small vocabulary separated by spaces,
-// so most next bytes follow from the previous ones) of 6,000 tokens; every rank gets the path.
-std::string shared_token_dataset(uint64_t seed) {
+// so most next bytes follow from the previous ones) of 6,000 tokens, or exactly `tokens`;
+// every rank gets the path.
+std::string shared_token_dataset(uint64_t seed, size_t tokens = 0) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   char path[256] = {0};
@@ -36,6 +40,7 @@ std::string shared_token_dataset(uint64_t seed) {
       for (const char* c = words[rng.below(8)]; *c; ++c) stream.push_back(uint32_t(uint8_t(*c)));
       stream.push_back(' ');
     }
+    if (tokens > 0) stream.resize(tokens);
     io::write_token_file(path, stream.data(), int64_t(stream.size()), {0}, 256, "bytes", "train");
   }
   MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -89,6 +94,43 @@ TEST_P(GptBitwiseAcrossRanks, ParametersIdenticalAfterEveryStep) {
 INSTANTIATE_TEST_SUITE_P(Precisions, GptBitwiseAcrossRanks,
                          testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The steps' correct predictions are tokens (the progress line's and the step records'
+// accuracy is correct tokens / tokens, not whole windows): with the model held fixed (the
+// linear schedule is at lr 0 after its 12 steps), the counts of the 4 steps of an epoch over
+// 96 windows add up to exactly what evaluation counts over the same windows.
+TEST(GptTokenAccuracy, StepsCountCorrectTokensAsEvaluationDoes) {
+  constexpr int64_t kSeq = 16, kWindows = 96, kBatch = 24;
+  const std::string data = shared_token_dataset(7, size_t(kWindows * kSeq + 1));
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  auto cfg = gpt_config(data, DType::f32);
+  cfg.optimizer.name = "adamw";
+  cfg.optimizer.lr = 3e-3f;
+  cfg.optimizer.weight_decay = 0.f;
+  cfg.schedule.name = "linear";
+  cfg.schedule.decay_steps = 12;  // lr 0 from step 13 on: the model no longer changes
+  cfg.steps = 16;
+  launch::Trainer trainer(cfg, world);
+  for (int s = 1; s <= 12; ++s) trainer.step_once();  // learn enough to be right often
+  const std::vector<float> before(
+      trainer.model().master().as<float>(),
+      trainer.model().master().as<float>() + trainer.model().num_params());
+  double correct = 0;
+  for (int s = 13; s <= 16; ++s) correct += trainer.step_once().correct;  // one whole epoch
+  ASSERT_EQ(0, std::memcmp(before.data(), trainer.model().master().data, before.size() * 4))
+      << "the model changed at lr 0";
+  io::TokenDataset tokens(data);
+  tokens.set_seq_len(kSeq);
+  ASSERT_EQ(tokens.num_windows(), kWindows);
+  auto backend = kernels::make_cpu_backend(1);
+  const launch::EvalResult want =
+      launch::evaluate_tokens(trainer.model(), tokens, world, *backend, kBatch / world.size());
+  const double want_correct = want.accuracy * double(want.tokens);
+  EXPECT_GT(want_correct, 0.1 * double(want.tokens)) << "the model should predict some tokens";
+  EXPECT_EQ(correct, std::round(want_correct))
+      << "correct tokens over the epoch's steps vs evaluation's over the same windows; "
+      << "accuracy " << correct / double(kWindows * kSeq) << " vs " << want.accuracy;
+}
 
 TEST(DataParallel, GptWRanksEqualOneRankWithTheSameGlobalBatch) {
   const std::string data = shared_token_dataset(6);
