@@ -183,9 +183,9 @@ TEST(KernelTable, CpuDeclaredKernelsRunAndUndeclaredAreRefused) {
   for (const auto& [op, t] : table.entries()) ops.insert(op);
   for (const auto& [op, call] : op_calls()) ops.insert(op);
   int declared = 0;
+  const std::vector<std::string> unary_ops = table.unary_ops();
   for (const std::string& op : ops) {
-    const bool unary = std::find(table.unary_ops().begin(), table.unary_ops().end(), op) !=
-                       table.unary_ops().end();
+    const bool unary = std::find(unary_ops.begin(), unary_ops.end(), op) != unary_ops.end();
     auto it = op_calls().find(op);
     ASSERT_TRUE(unary || it != op_calls().end())
         << "the cpu backend declares '" << op << "' but this test has no call for it";
