@@ -128,17 +128,36 @@ void with_block(const PoolShape& ps, F&& f) {
     f(Block<E, 0>{ps, B});
 }
 
-// dst = src ([N, C, h, w] of dtype t) from one layout into the other by oneDNN's reorder.
-// oneDNN 2.6 moves fp16 only in its reference reorder (about 100x slower), so fp16 goes
-// through fp32 (exact both ways).
+// dst = src ([N, C, h, w] of 16-bit elements) from one layout into the other, moved as bits.
+template <typename T>
+void transpose_blocks(const PoolShape& ps, int64_t hw, const T* src, Layout from, T* dst, Layout to,
+                      int threads) {
+  const bool to_plain = to == Layout::plain;
+  const int64_t B = channel_block(to_plain ? from : to, ps.c), blocks = ps.n * (ps.c / B);
+#pragma omp parallel for num_threads(threads) if (threads > 1 && blocks > 1)
+  for (int64_t nb = 0; nb < blocks; ++nb) {
+    const int64_t blk = nb * hw * B;  // the block's first element, in either layout
+    for (int64_t j = 0; j < B; ++j)
+      for (int64_t s = 0; s < hw; ++s) {
+        const int64_t b = blk + s * B + j, p = blk + j * hw + s;
+        if (to_plain)
+          dst[p] = src[b];
+        else
+          dst[b] = src[p];
+      }
+  }
+}
+
+// dst = src ([N, C, h, w] of dtype t) from one layout into the other. fp32 by oneDNN's
+// reorder; 16-bit values by transpose_blocks: oneDNN 2.6 moves fp16 only in its reference
+// reorder (about 100x slower), and on a CPU without AVX-512 its bf16 reorder turns -0 into
+// +0 (it computes through fp32), which would make the pooling's result depend on the layout.
 void relayout(OneDnnConv& dnn, const PoolShape& ps, int64_t h, int64_t w, DType t, const void* src,
               Layout from, void* dst, Layout to, int threads) {
-  if (t != DType::f16) return dnn.reorder(ps.n, ps.c, h, w, t, src, from, dst, to);
-  const int64_t n = ps.n * ps.c * h * w;
-  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-  to_f32(src, t, a.data(), n, threads);
-  dnn.reorder(ps.n, ps.c, h, w, DType::f32, a.data(), from, b.data(), to);
-  from_f32(b.data(), dst, t, n, threads);
+  if (t == DType::f32) return dnn.reorder(ps.n, ps.c, h, w, t, src, from, dst, to);
+  RT_CHECK(t == DType::bf16 || t == DType::f16, "pooling relayout of ", dtype_name(t));
+  transpose_blocks(ps, h * w, static_cast<const uint16_t*>(src), from, static_cast<uint16_t*>(dst),
+                   to, threads);
 }
 
 }  // namespace
