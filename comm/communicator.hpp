@@ -56,6 +56,11 @@ class Communicator {
   virtual void reduce_scatter(void* buf, const std::vector<int64_t>& counts, DType dtype,
                               ReduceOp op = ReduceOp::sum) = 0;
   virtual void allgatherv(void* buf, const std::vector<int64_t>& counts, DType dtype) = 0;
+  // Rank r's counts[r] elements at `send` onto `root`'s recv (sum(counts) elements there,
+  // rank r's at offset sum(counts[<r]); recv is not read elsewhere). For host results that
+  // only the writing rank needs (predictions, samples): every backend runs it over mpi().
+  void gatherv(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype,
+               int root);
   // An MPI communicator over the same ranks, for what MPI itself must do (MPI-IO
   // checkpoints); every backend is bootstrapped by MPI.
   virtual MPI_Comm mpi() const = 0;

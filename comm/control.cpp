@@ -43,6 +43,18 @@ void print_error(const std::string& line) {
   [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, out.data(), out.size());
 }
 
+// The channel's own point-to-point calls run on its thread (and under post(), on any), where
+// an exception cannot reach launch/: a failure of the mechanism that ends failed jobs ends
+// the job at once, naming the call and MPI's error.
+#define CONTROL_MPI(stmt)                                                             \
+  do {                                                                                \
+    const int rt_rc_ = (stmt);                                                        \
+    if (rt_rc_ != MPI_SUCCESS) {                                                      \
+      print_error("the control channel failed: " + mpi_error_context(rt_rc_, #stmt)); \
+      abort_world(2);                                                                 \
+    }                                                                                 \
+  } while (0)
+
 }  // namespace
 
 ControlChannel::ControlChannel(MPI_Comm world) {
@@ -88,13 +100,14 @@ void ControlChannel::post(int to, int64_t kind, int64_t a, int64_t b, int64_t c)
   progress_sends();
   send_bufs_.push_back({kind, a, b, c});
   sends_.push_back(MPI_REQUEST_NULL);
-  MPI_Isend(send_bufs_.back().data(), kMsgLen, MPI_INT64_T, to, kTag, comm_, &sends_.back());
+  CONTROL_MPI(
+      MPI_Isend(send_bufs_.back().data(), kMsgLen, MPI_INT64_T, to, kTag, comm_, &sends_.back()));
 }
 
 void ControlChannel::progress_sends() {
   for (size_t i = 0; i < sends_.size();) {
     int done = 0;
-    MPI_Test(&sends_[i], &done, MPI_STATUS_IGNORE);
+    CONTROL_MPI(MPI_Test(&sends_[i], &done, MPI_STATUS_IGNORE));
     if (done) {
       sends_.erase(sends_.begin() + ptrdiff_t(i));
       send_bufs_.erase(send_bufs_.begin() + ptrdiff_t(i));
@@ -138,17 +151,17 @@ void ControlChannel::handle(const int64_t* msg, int from) {
 void ControlChannel::serve() {
   int64_t buf[kMsgLen];
   MPI_Request req = MPI_REQUEST_NULL;
-  MPI_Irecv(buf, kMsgLen, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm_, &req);
+  CONTROL_MPI(MPI_Irecv(buf, kMsgLen, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm_, &req));
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     progress_sends();
     lock.unlock();
     int got = 0;
     MPI_Status st;
-    MPI_Test(&req, &got, &st);
+    CONTROL_MPI(MPI_Test(&req, &got, &st));
     if (got) {
       handle(buf, st.MPI_SOURCE);
-      MPI_Irecv(buf, kMsgLen, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm_, &req);
+      CONTROL_MPI(MPI_Irecv(buf, kMsgLen, MPI_INT64_T, MPI_ANY_SOURCE, kTag, comm_, &req));
       lock.lock();
       continue;
     }
@@ -165,8 +178,8 @@ void ControlChannel::serve() {
     cv_.wait_for(lock, kPoll);
   }
   lock.unlock();
-  MPI_Cancel(&req);
-  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  CONTROL_MPI(MPI_Cancel(&req));
+  CONTROL_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
   lock.lock();
   progress_sends();
 }

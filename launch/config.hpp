@@ -29,6 +29,9 @@ struct TrainConfig {
   std::vector<std::string> plugins;  // --plugin LIB.so: ops loaded before the model is built
   std::string layer_precision;       // "conv1=fp32,..."
   DType precision = DType::f32;
+  // When neither --batch-size nor --global-batch-size, neither --epochs nor --steps is given
+  // (the help texts print these).
+  static constexpr int64_t kDefaultBatchSize = 64, kDefaultEpochs = 1;
   int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
   bool batch_size_given = false;                  // --batch-size was explicit
   int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing

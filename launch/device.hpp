@@ -2,9 +2,9 @@
 // rank's GPU (local rank -> device), the backend under --gpu-memory, the communicator of
 // the gradients (NCCL, or MPI staged through host memory), the start-up GPU line and the
 // precision warnings, the batch upload, and host copies of the model's and optimizer's
-// flat buffers for checkpoints and histograms. On --device cpu every function here returns
-// what the Trainer used before (the CPU backend, the world communicator, the host views),
-// so the CPU path is unchanged.
+// flat buffers for checkpoints and histograms. On --device cpu each function returns the
+// CPU's own (the CPU backend, the world communicator, the host views): the training loop
+// has one path for both devices.
 #pragma once
 
 #include <memory>

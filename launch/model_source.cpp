@@ -11,7 +11,6 @@
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "launch/device.hpp"
-#include "launch/trainer.hpp"
 #include "nn/legacy_model_json.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
@@ -55,6 +54,18 @@ ModelFile load_model_for_run(const std::string& model,
   f.add_layer_precision(layer_precision);
   plan_model(f);  // every error of the file now, before anything is allocated
   return f;
+}
+
+std::vector<io::NamedTensor> master_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& p : model.params()) views.push_back({p.name, p.master});
+  return views;
+}
+
+std::vector<io::NamedTensor> buffer_views(Model& model) {
+  std::vector<io::NamedTensor> views;
+  for (auto& b : model.buffers()) views.push_back({b.name, b.value});
+  return views;
 }
 
 std::string plugins_used(const ModelFile& file) {

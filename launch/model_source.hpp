@@ -76,4 +76,9 @@ LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType prec
 void require_data_fits(const Model& model, const io::DatasetInfo& data,
                        const std::string& checkpoint);
 
+// The fp32 masters as the checkpoint names them, one view per parameter; and the model's
+// buffers (BatchNorm running averages etc.).
+std::vector<io::NamedTensor> master_views(Model& model);
+std::vector<io::NamedTensor> buffer_views(Model& model);
+
 }  // namespace ringtrain::launch

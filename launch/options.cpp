@@ -76,10 +76,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("min-scale", value_or_default(&ls.min_scale), "floor of the dynamic scale (> 0, at most --init-scale)");
   po::options_description optim("optimisation");
   optim.add_options()
-      ("batch-size", po::value<int64_t>(), "samples per rank per micro-batch (default 64)")
+      ("batch-size", po::value<int64_t>(), cat("samples per rank per micro-batch (default ", TrainConfig::kDefaultBatchSize, ")").c_str())
       ("global-batch-size", po::value<int64_t>(), "samples per optimizer step over all ranks (batch size x ranks x --grad-accum)")
-      ("grad-accum", po::value<int64_t>(), "micro-batches per optimizer step, gradients summed before one allreduce (default 1; on resume, raised to keep the checkpoint's global batch)")
-      ("epochs", po::value<int64_t>(), "epochs to train (default 1)")
+      ("grad-accum", po::value<int64_t>(), cat("micro-batches per optimizer step, gradients summed before one allreduce (default ", TrainConfig{}.grad_accum, "; on resume, raised to keep the checkpoint's global batch)").c_str())
+      ("epochs", po::value<int64_t>(), cat("epochs to train (default ", TrainConfig::kDefaultEpochs, ")").c_str())
       ("steps", po::value<int64_t>(), "optimizer steps to train (instead of --epochs)")
       ("optimizer", po::value(&optimizer)->default_value(optimizer), "sgd | adamw")
       ("lr", value_or_default(&o.lr), "learning rate, in (0, 1000]")
@@ -155,7 +155,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   o.name = optimizer;
   for (const char* n : {"batch-size", "global-batch-size", "epochs", "steps", "grad-accum"})
     require_positive_int(vm, n);
-  c.grad_accum = vm.count("grad-accum") ? vm["grad-accum"].as<int64_t>() : 1;
+  c.grad_accum = vm.count("grad-accum") ? vm["grad-accum"].as<int64_t>() : TrainConfig{}.grad_accum;
   c.grad_accum_given = vm.count("grad-accum") > 0;
   RT_REQUIRE(!(vm.count("batch-size") && vm.count("global-batch-size")),
              "give --batch-size (per rank) or --global-batch-size, not both");
@@ -163,9 +163,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   c.batch_size = vm.count("batch-size") ? vm["batch-size"].as<int64_t>() : 0;
   c.batch_size_given = vm.count("batch-size") > 0;
   c.global_batch_size = vm.count("global-batch-size") ? vm["global-batch-size"].as<int64_t>() : 0;
-  if (!c.batch_size && !c.global_batch_size) c.batch_size = 64;
+  if (!c.batch_size && !c.global_batch_size) c.batch_size = TrainConfig::kDefaultBatchSize;
   c.steps = vm.count("steps") ? vm["steps"].as<int64_t>() : 0;
-  c.epochs = vm.count("epochs") ? vm["epochs"].as<int64_t>() : (c.steps ? 0 : 1);
+  c.epochs =
+      vm.count("epochs") ? vm["epochs"].as<int64_t>() : (c.steps ? 0 : TrainConfig::kDefaultEpochs);
 
   // Optimiser and loss-scale values: a nan or inf here trains to all-nan checkpoints, so
   // each is checked to be finite and in the range where the update means something. The lr

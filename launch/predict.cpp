@@ -152,18 +152,15 @@ void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicat
                int64_t count, const std::vector<float>& scores) {
   const int64_t n = s.data->info().num_samples, c = s.classes;
   const int w = comm.size();
-  std::vector<int> counts(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
+  std::vector<int64_t> counts(static_cast<size_t>(w));
   for (int r = 0; r < w; ++r) {
     const int64_t rows = n * (r + 1) / w - n * r / w;
     RT_REQUIRE(rows * c <= INT32_MAX, "--out '", cfg.out, "': ", rows * c,
                " values per rank are too many for one .npy gather; use an .h5 output");
-    counts[size_t(r)] = int(rows * c);
-    displs[size_t(r)] = int(n * r / w * c);
+    counts[size_t(r)] = rows * c;
   }
   std::vector<float> all(comm.rank() == 0 ? size_t(n * c) : 0);
-  RT_CHECK(MPI_Gatherv(scores.data(), int(count * c), MPI_FLOAT, all.data(), counts.data(),
-                       displs.data(), MPI_FLOAT, 0, comm.mpi()) == MPI_SUCCESS,
-           "MPI_Gatherv of the predictions failed");
+  comm.gatherv(scores.data(), all.data(), counts, DType::f32, 0);
   if (comm.rank() != 0) return;
   const std::string tmp = cfg.out + ".tmp";
   removing_on_error(tmp, [&] {

@@ -96,17 +96,13 @@ int run_sample(const SampleConfig& cfg, comm::Communicator& comm) {
     }
     std::string packed;
     for (const std::string& t : mine) packed += t;
-    std::vector<int> sizes(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
-    const int mine_bytes = int(packed.size());
-    RT_CHECK(
-        MPI_Gather(&mine_bytes, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm.mpi()) == MPI_SUCCESS,
-        "MPI_Gather of the sample sizes failed");
-    int total = 0;
+    const int64_t mine_bytes = int64_t(packed.size());
+    std::vector<int64_t> sizes(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
+    comm.allgather(&mine_bytes, sizes.data(), 1, DType::i64);
+    int64_t total = 0;
     for (int q = 0; q < w; ++q) displs[size_t(q)] = total, total += sizes[size_t(q)];
     std::string all(r == 0 ? size_t(total) : 0, '\0');
-    RT_CHECK(MPI_Gatherv(packed.data(), mine_bytes, MPI_CHAR, all.data(), sizes.data(),
-                         displs.data(), MPI_CHAR, 0, comm.mpi()) == MPI_SUCCESS,
-             "MPI_Gatherv of the samples failed");
+    comm.gatherv(packed.data(), all.data(), sizes, DType::u8, 0);
     if (r != 0) return;
     // Every sample is prompt + tokens bytes long: cut rank q's block into its samples.
     const size_t len = cfg.prompt.size() + size_t(cfg.tokens);

@@ -253,7 +253,7 @@ void Trainer::save_checkpoint() {
     m.precision = dtype_name(cfg_.precision);
     m.model = model_->text();
     m.ringtrain_version = RINGTRAIN_VERSION;
-    m.plugins = plugins_used(*model_file_);
+    m.plugins = plugins_;
     m.data_epoch = loader_->epoch();
     m.data_position = loader_->position();
     m.loss_scale = scaler_->scale();

@@ -17,6 +17,7 @@
 #include "launch/console.hpp"
 #include "launch/device.hpp"
 #include "launch/metrics.hpp"
+#include "launch/model_source.hpp"
 #include "launch/numerics.hpp"
 #include "launch/step_observers.hpp"
 #include "launch/tensorboard.hpp"
@@ -28,10 +29,6 @@
 #include "nn/schedule.hpp"
 
 namespace ringtrain::launch {
-
-// The fp32 masters as the checkpoint names them: one view per parameter.
-std::vector<io::NamedTensor> master_views(Model& model);
-std::vector<io::NamedTensor> buffer_views(Model& model);  // BatchNorm running averages etc.
 
 class Trainer {
  public:
@@ -193,6 +190,7 @@ class Trainer {
   std::unique_ptr<io::TokenDataset> tokens_, val_tokens_;  // token data (a language model)
   std::unique_ptr<io::Loader> loader_;
   std::unique_ptr<ModelFile> model_file_;  // what model_ was built from (resume compares it)
+  std::string plugins_;                    // plugins_used(*model_file_), for checkpoints
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;

@@ -45,18 +45,6 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
 
 Trainer::~Trainer() = default;
 
-std::vector<io::NamedTensor> master_views(Model& model) {
-  std::vector<io::NamedTensor> views;
-  for (auto& p : model.params()) views.push_back({p.name, p.master});
-  return views;
-}
-
-std::vector<io::NamedTensor> buffer_views(Model& model) {
-  std::vector<io::NamedTensor> views;
-  for (auto& b : model.buffers()) views.push_back({b.name, b.value});
-  return views;
-}
-
 void Trainer::sync_buffers() {
   // Like PyTorch DDP's broadcast_buffers: the running averages of rank 0 are the model's.
   // Each rank updates its own from its own batches; before they are used (evaluation) or
@@ -133,6 +121,7 @@ void Trainer::setup() {
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
+  plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
   if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
   // --zero 1 in fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32
   // copy is needed anyway as the working weights, and the shard is a slice of it).
@@ -155,9 +144,9 @@ void Trainer::setup() {
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
   // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
-  console_ = Console(comm_.rank(),
-                     cfg_.progress == "bar" || (cfg_.progress == "auto" && isatty(STDOUT_FILENO) &&
-                                                !started_by_mpirun()));
+  console_ = Console(
+      comm_.rank(), cfg_.progress == "bar" ||
+                        (cfg_.progress == "auto" && isatty(STDOUT_FILENO) && !started_by_mpirun()));
   if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
     check_timeline_path(cfg_.timeline);  // fail now, not after training
   }

@@ -216,6 +216,14 @@ void MpiCommunicator::allgatherv(void* buf, const std::vector<int64_t>& counts, 
                            mpi_type(dtype), comm_));
 }
 
+void Communicator::gatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                           DType dtype, int root) {
+  std::vector<int> c, d;
+  int_layout(counts, size(), c, d);
+  MPI_CHECK(MPI_Gatherv(send, c[size_t(rank())], mpi_type(dtype), recv, c.data(), d.data(),
+                        mpi_type(dtype), root, mpi()));
+}
+
 void prefer_yielding_mpi_waits() { setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0); }
 
 std::string mpi_library_version() {
