@@ -43,7 +43,7 @@ enum class Phase {
   checkpoint,
 };
 
-// A step as the reporters see it once it is done.
+// A step once it is done: what the reporters see, and what Trainer::step_once returns.
 struct StepRecord {
   int64_t step = 0, total_steps = 0, epoch = 0;
   double loss_scale = 1, lr = 0;
@@ -53,7 +53,11 @@ struct StepRecord {
   double loss_sum = 0, correct = 0;
   // This rank's seconds: waiting for data, forward + backward, the bucket allreduces (mostly
   // hidden behind backward), the part of them backward did not hide, the whole step.
+  // (A strategy that leaves the working weights in flight: what of them the next forward
+  // waits for counts in that step.)
   double data_s = 0, compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
+  bool stop = false;      // some rank got a stop signal: all stop after this step
+  bool save_due = false;  // --checkpoint-secs elapsed on rank 0
 };
 
 class StepObserver {

@@ -95,86 +95,28 @@ void Trainer::add_accumulated(size_t param) {
   backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
 }
 
-void Trainer::apply_update(int64_t step, double sum_sq, float unscale) {
+void Trainer::apply_update(int64_t step, const UnscaledGrads& agreed) {
   if (cfg_.grad_clip > 0.f) {
-    const Tensor g = shards_.empty() ? grad32_ : shard_grad();
-    const double norm = std::sqrt(shards_.empty() ? backend_->sum_squares(grad32_) : sum_sq);
-    if (norm > cfg_.grad_clip) backend_->scale(g, float(cfg_.grad_clip / (norm + 1e-6)));
+    const double norm = std::sqrt(agreed.sum_sq);
+    if (norm > cfg_.grad_clip)
+      backend_->scale(strategy_->owned_grad(), float(cfg_.grad_clip / (norm + 1e-6)));
   }
-  Tensor work = model_->work();
   const auto t_opt = Clock::now();
   observers_.before(Phase::optimizer, step);
   // The schedule's position is the steps before this one; lr_ is the fp32 value applied.
   lr_ = double(float(schedule_->lr(step - 1)));
-  const float grad_scale = optimizer_unscales_ ? unscale : 1.f;
-  if (shards_.empty()) {
-    optimizer_->step(*backend_, model_->master(), optimizer_grad(),
-                     cfg_.precision == DType::f32 ? nullptr : &work, float(lr_), grad_scale);
-    observers_.after(Phase::optimizer, step, t_opt, Clock::now());
-    return;
-  }
-  // --zero 1: the shard's part of each bucket, from the last bucket (the first layers) to
-  // bucket 0; the communication thread all-gathers a bucket's working weights (fp16/bf16:
-  // written by the optimizer in the same pass, with the bucket's part of the fp32 copy of
-  // the parameters layers read in fp32; fp32: the masters themselves) while the next bucket
-  // is updated and while the next step's forward runs (wait_for_node_weights).
-  const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
-  const bool mixed = model_->masters_sharded();
-  const Tensor master = mixed ? model_->master() : model_->master().slice(lo, {n});
-  const Tensor grad = optimizer_grad(), work_shard = work.slice(lo, {n});
-  optimizer_->begin_step(float(lr_), grad_scale);
-  reducer_->start_gather(work, mixed ? model_->fp32_copy() : Tensor(), fp32_counts_);
-  observers_.before(Phase::gather, step);
-  const auto& buckets = reducer_->buckets();
-  for (size_t b = buckets.size(); b-- > 0;) {  // the reducer gathers the last bucket first
-    const int64_t a = std::max(lo, buckets[b].offset);
-    const int64_t e = std::min(lo + n, buckets[b].offset + buckets[b].count);
-    if (a < e) {
-      optimizer_->update(*backend_, master, grad, mixed ? &work_shard : nullptr, a - lo, e - lo);
-      if (mixed) model_->copy_shard_to_fp32(a, e);
-    }
-    reducer_->gather_ready(b);
-  }
-  gather_pending_ = true;
-  gather_step_ = step;
+  strategy_->update(float(lr_), strategy_->optimizer_unscales() ? agreed.unscale : 1.f, step);
   observers_.after(Phase::optimizer, step, t_opt, Clock::now());
-  if (!cfg_.overlap) finish_weight_gather();  // --no-overlap: the buckets in turn, now
+  if (!cfg_.overlap) finish_weight_gather();  // --no-overlap: the weights whole, now
 }
 
-void Trainer::wait_for_node_weights(size_t node) {
-  if (!gather_pending_ || node_bucket_[node] == SIZE_MAX) return;
-  const auto t0 = Clock::now();
-  if (reducer_->wait_gathered(node_bucket_[node]) > 0)
-    observers_.after(Phase::gather, gather_step_, t0, Clock::now());
-}
-
-void Trainer::finish_weight_gather() {
-  if (!gather_pending_) return;
-  const auto t0 = Clock::now();
-  if (reducer_->finish_gather() > 0)
-    observers_.after(Phase::gather, gather_step_, t0, Clock::now());
-  gather_pending_ = false;
-}
-
-Trainer::Unscaled Trainer::unscale_and_check(float scale) {
+Trainer::UnscaledGrads Trainer::unscale_and_check(float scale) {
   const float unscale = 1.f / (scale * float(comm_.size()) * float(grad_accum_));
-  Unscaled u;
-  u.unscale = unscale;
-  if (optimizer_unscales_) {
-    u.nonfinite = backend_->unscale_check(optimizer_grad(), unscale, Tensor());
-    return u;
-  }
-  if (shards_.empty()) {
-    u.nonfinite = backend_->unscale_check(reducer_->result(), unscale, grad32_);
-    return u;
-  }
-  const int64_t lo = shards_.begin(comm_.rank()), n = shards_.count(comm_.rank());
-  u.nonfinite = backend_->unscale_check(reducer_->result().slice(lo, {n}), unscale, shard_grad());
-  if (!u.nonfinite && cfg_.grad_clip > 0.f) u.sum_sq = backend_->sum_squares(shard_grad());
-  return u;
+  return strategy_->unscale_and_check(unscale, cfg_.grad_clip > 0.f);
 }
 
-Trainer::Agreed Trainer::agree_on_step(const kernels::XentResult& xent, const Unscaled& mine) {
+Trainer::UnscaledGrads Trainer::agree_on_step(const kernels::XentResult& xent,
+                                              const UnscaledGrads& mine, StepRecord& record) {
   const bool save_due =
       comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
       std::chrono::duration<double>(Clock::now() - last_save_time_).count() >= cfg_.checkpoint_secs;
@@ -189,19 +131,20 @@ Trainer::Agreed Trainer::agree_on_step(const kernels::XentResult& xent, const Un
     stop_rank_ = comm_.size() - int(who & 0xffffffff);
     stop_ranks_ = int(reduced[2]);
   }
-  Agreed a;
-  a.loss_sum = reduced[0];
-  a.correct = reduced[1];
-  a.stop = reduced[2] > 0;
-  a.save_due = reduced[3] > 0;
-  a.nonfinite = reduced[4] > 0;  // --zero 1: some shard overflowed (else the same everywhere)
-  a.sum_sq = reduced[5];
-  return a;
+  record.loss_sum = reduced[0];
+  record.correct = reduced[1];
+  record.stop = reduced[2] > 0;
+  record.save_due = reduced[3] > 0;
+  UnscaledGrads agreed = mine;
+  agreed.nonfinite = reduced[4] > 0;  // some rank's part overflowed
+  agreed.sum_sq = reduced[5];
+  return agreed;
 }
 
-Trainer::StepOutcome Trainer::step_once() {
+StepRecord Trainer::step_once() {
   const int64_t step = step_ + 1;
   observers_.begin_step(step);
+  StepRecord r;
   const auto t_start = Clock::now();
   const io::Batch& batch = stage_batch_(loader_->next(), device_);  // cuda: uploaded
   const auto t_data = Clock::now();
@@ -211,31 +154,30 @@ Trainer::StepOutcome Trainer::step_once() {
   const float scale = scaler_->scale();
   const kernels::XentResult xent = forward_backward_all(batch, scale, step);
   const auto t_backward = Clock::now();
-  const double exposed = reducer_->finish();  // what of the allreduce backward did not hide
+  r.exposed_comm_s = reducer_->finish();  // what of the reduction backward did not hide
   const auto t_reduced = Clock::now();
   observers_.after(Phase::reduce, step, t_backward, t_reduced);
-  const Unscaled mine = unscale_and_check(scale);
+  const UnscaledGrads mine = unscale_and_check(scale);
   observers_.after(Phase::unscale, step, t_reduced, Clock::now());
-  const Agreed agreed = agree_on_step(xent, mine);
+  const UnscaledGrads agreed = agree_on_step(xent, mine, r);
   const bool veto = observers_.veto_update(comm_, step);         // --check-numerics (collective)
   const bool apply = scaler_->update(agreed.nonfinite || veto);  // the same on every rank
   if (apply)
-    apply_update(step, agreed.sum_sq, mine.unscale);
+    apply_update(step, agreed);
   else
     observers_.skipped(step);
   ++step_;
   samples_seen_ += global_batch_;
-  StepOutcome out;
-  out.loss_sum = agreed.loss_sum;
-  out.correct = agreed.correct;
-  out.stop = agreed.stop;
-  out.save_due = agreed.save_due;
-  out.data_s = std::chrono::duration<double>(t_data - t_start).count();
-  out.compute_s = std::chrono::duration<double>(t_backward - t_data).count();
-  out.comm_s = reducer_->comm_seconds();
-  out.exposed_comm_s = exposed;
-  out.step_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-  return out;
+  r.step = step_;
+  r.total_steps = total_steps_;
+  r.epoch = epoch_;
+  r.loss_scale = double(scaler_->scale());
+  r.lr = lr_;
+  r.data_s = std::chrono::duration<double>(t_data - t_start).count();
+  r.compute_s = std::chrono::duration<double>(t_backward - t_data).count();
+  r.comm_s = reducer_->comm_seconds();
+  r.step_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return r;
 }
 
 void Trainer::save_checkpoint() {
@@ -276,8 +218,8 @@ void Trainer::save_checkpoint() {
     if (host_) host_->download();  // cuda: the store writes host memory
     const uint64_t bytes =
         host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
-              : store_->save(comm_.mpi(), m, param_views(), optimizer_views(), {},
-                             buffer_views(*model_));
+              : store_->save(comm_.mpi(), m, strategy_->param_views(), strategy_->optimizer_views(),
+                             {}, buffer_views(*model_));
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (comm_.rank() == 0)
       metrics_.write(JsonLine()
@@ -350,7 +292,7 @@ int Trainer::run() {
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
           device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
-          "; ", memory_report()));
+          "; ", strategy_->memory_report()));
   const std::string data_line =
       tokens_
           ? cat("data '", tokens_->info().path, "': ", tokens_->info().num_tokens,
@@ -369,22 +311,9 @@ int Trainer::run() {
   last_save_time_ = Clock::now();
   observers_.begin_run();
   while (step_ < total_steps_) {
-    const StepOutcome out = step_once();
-    StepRecord r;
-    r.step = step_;
-    r.total_steps = total_steps_;
-    r.epoch = epoch_;
-    r.loss_scale = double(scaler_->scale());
-    r.lr = lr_;
-    r.loss_sum = out.loss_sum;
-    r.correct = out.correct;
-    r.data_s = out.data_s;
-    r.compute_s = out.compute_s;
-    r.comm_s = out.comm_s;
-    r.exposed_comm_s = out.exposed_comm_s;
-    r.step_s = out.step_s;
-    observers_.end_step(r);  // histograms, the --log-every window's line and records
-    if (out.stop) {          // a rank got a stop signal: all stop here, at the same step
+    const StepRecord out = step_once();
+    observers_.end_step(out);  // histograms, the --log-every window's line and records
+    if (out.stop) {            // a rank got a stop signal: all stop here, at the same step
       finish_weight_gather();
       if (cfg_.checkpoint_dir.empty()) {
         agree(comm_, [&] {

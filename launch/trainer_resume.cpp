@@ -54,10 +54,10 @@ std::string Trainer::choose_checkpoint() {
   // datasets) is renamed aside, never deleted, with a warning: it is not chosen again,
   // and pruning by step number cannot prefer it over new checkpoints.
   std::vector<io::NamedTensor> expected;  // every dataset a resume reads, with its shape
-  for (const auto& p : param_views())
+  for (const auto& p : strategy_->param_views())
     expected.push_back({"params/" + p.name, p.tensor, p.full_shape});
   for (const auto& b : buffer_views(*model_)) expected.push_back({"buffers/" + b.name, b.tensor});
-  for (const auto& s : optimizer_views())
+  for (const auto& s : strategy_->optimizer_views())
     for (const auto& p : s.per_param)
       expected.push_back({"optimizer/" + p.name + "/" + s.state, p.tensor, p.full_shape});
   std::vector<std::pair<std::string, std::string>> skipped;
@@ -140,10 +140,9 @@ void Trainer::start_from(const std::string& path) {
   const int64_t requested = cfg_.global_batch_size
                                 ? cfg_.global_batch_size
                                 : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
-  if (path.empty()) {  // the constructor broadcasts rank 0's parameters afterwards
+  if (path.empty()) {  // the strategy makes them every rank's afterwards (start_weights)
     make_loader(requested, cfg_.grad_accum);
-    if (comm_.rank() == 0 || model_->masters_sharded())
-      model_->init_parameters(cfg_.seed, *backend_);
+    if (strategy_->initializes_parameters()) model_->init_parameters(cfg_.seed, *backend_);
     return;
   }
   const io::CheckpointMeta m = io::read_checkpoint_meta(path);
@@ -174,9 +173,9 @@ void Trainer::start_from(const std::string& path) {
     io::read_checkpoint_optimizer(path, host_->optimizer);
     host_->upload();
   } else {
-    io::read_checkpoint_params(path, param_views());  // --zero 1: this rank's shard
+    io::read_checkpoint_params(path, strategy_->param_views());  // this rank's part
     io::read_checkpoint_buffers(path, buffer_views(*model_));
-    io::read_checkpoint_optimizer(path, optimizer_views());
+    io::read_checkpoint_optimizer(path, strategy_->optimizer_views());
   }
   optimizer_->set_steps(m.optimizer_step);
   // The loss scale belongs to the precision it was found in: another precision starts anew.

@@ -32,14 +32,8 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   agree(comm_, [&] { start_from(path); });
-  if (path.empty() && !model_->masters_sharded()) {
-    // A fresh start: rank 0's initial parameters are every rank's. (Sharded masters: every
-    // rank drew the same values and kept its shard.)
-    comm_.broadcast(model_->master().data, model_->num_params(), DType::f32, 0);
-    model_->refresh_working_copy(*backend_);
-  }
+  strategy_->start_weights(!path.empty());  // collective
   if (path.empty()) sync_buffers();
-  if (!path.empty() && !shards_.empty()) gather_weights();  // each rank read its shard
   add_observers();
 }
 
@@ -52,57 +46,6 @@ void Trainer::sync_buffers() {
   // rank count and a resumed run continues exactly.
   if (model_->num_buffer_elems() > 0)
     comm_.broadcast(model_->state().data, model_->num_buffer_elems(), DType::f32, 0);
-}
-
-std::vector<io::NamedTensor> Trainer::shard_views(const Tensor& shard) const {
-  std::vector<io::NamedTensor> views;
-  const int64_t begin = shards_.begin(comm_.rank()), end = shards_.end(comm_.rank());
-  for (const auto& p : model_->params()) {
-    // This rank's part of the parameter (possibly none), at its shard offset.
-    const int64_t lo = std::max(p.offset, begin);
-    const int64_t hi = std::max(lo, std::min(p.offset + shape_numel(p.shape), end));
-    views.push_back({p.name, shard.slice(lo - begin, {hi - lo}), p.shape, lo - p.offset});
-  }
-  return views;
-}
-
-std::vector<io::NamedTensor> Trainer::param_views() const {
-  if (shards_.empty()) return master_views(*model_);
-  // fp32: the masters are whole (they are the working weights) and the shard is a slice.
-  const Tensor m = model_->master();
-  return shard_views(model_->masters_sharded()
-                         ? m
-                         : m.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())}));
-}
-
-void Trainer::gather_weights() {
-  const auto counts = shards_.counts_in(0, model_->num_params());
-  if (!model_->masters_sharded()) {  // fp32: the masters are the working weights
-    comm_.allgatherv(model_->master().data, counts, DType::f32);
-    return;
-  }
-  comm_.allgatherv(model_->work().data, counts, model_->work().dtype);
-  const Tensor f = model_->fp32_copy();
-  if (f.numel() == 0) return;
-  std::vector<int64_t> fc;
-  for (int r = 0; r < comm_.size(); ++r)
-    fc.push_back(model_->fp32_count_in(shards_.begin(r), shards_.end(r)));
-  comm_.allgatherv(f.data, fc, DType::f32);
-}
-
-std::vector<io::OptimizerState> Trainer::optimizer_views() const {
-  std::vector<io::OptimizerState> states;
-  for (size_t s = 0; s < optimizer_->state_names().size(); ++s) {
-    io::OptimizerState st{optimizer_->state_names()[s], {}};
-    if (shards_.empty()) {
-      for (auto& p : model_->params())
-        st.per_param.push_back({p.name, optimizer_->state(s).slice(p.offset, p.shape)});
-    } else {
-      st.per_param = shard_views(optimizer_->state(s));
-    }
-    states.push_back(std::move(st));
-  }
-  return states;
 }
 
 void Trainer::setup() {
@@ -122,14 +65,9 @@ void Trainer::setup() {
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
-  if (cfg_.zero) shards_ = comm::ShardLayout(model_->num_params(), comm_.size());
-  // --zero 1 in fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32
-  // copy is needed anyway as the working weights, and the shard is a slice of it).
-  if (cfg_.zero && cfg_.precision != DType::f32)
-    model_->shard_masters(shards_.begin(comm_.rank()), shards_.end(comm_.rank()));
-  optimizer_ = make_optimizer(cfg_.optimizer,
-                              cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params());
-  set_decay_groups();
+  strategy_ = make_strategy(cfg_, comm_, *backend_, *model_, observers_);
+  strategy_->place_parameters();
+  optimizer_ = strategy_->make_optimizer(cfg_.optimizer, cfg_.decay_all);
   LossScalerConfig ls = cfg_.loss_scale;
   if (cfg_.precision == DType::f32 && ls.dynamic) {
     // No scaling in fp32: a constant scale of 1 (non-finite steps are still skipped).
@@ -153,26 +91,15 @@ void Trainer::setup() {
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
-  // The optimizer reads the allreduced sums and unscales them as it reads them when the
+  // The optimizer reads the reduced sums and unscales them as it reads them when the
   // backend can and nothing else reads the fp32 gradient (clipping scales it, histograms
-  // show it); the same choice on every rank.
-  optimizer_unscales_ = backend_->supports(kernels::Op::fused_unscale, wire_dtype()) &&
-                        cfg_.grad_clip <= 0.f &&
-                        !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty());
-  // Else in fp16/bf16: the fp32 gradient the optimizer reads (--zero 1: this rank's shard).
-  const int64_t g32 = cfg_.zero ? shards_.count(comm_.rank()) : model_->num_params();
-  const bool own32 = cfg_.precision != DType::f32 && !optimizer_unscales_;
-  grad32_storage_ = own32 ? Buffer(size_t(g32) * 4) : Buffer();
-  grad32_ =
-      cfg_.precision == DType::f32
-          ? model_->grad()
-          : (own32 ? Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device())
-                   : Tensor());
-  // cuda: host copies of what a checkpoint holds (--zero 1: this rank's shards of it).
-  if (device_.kind == Device::cuda)
-    host_ = shards_.empty() ? std::make_unique<HostMirror>(*model_, optimizer_.get())
-                            : std::make_unique<HostMirror>(param_views(), optimizer_views(),
-                                                           buffer_views(*model_));
+  // show it); the same choice on every rank. Else, in fp16/bf16, the strategy keeps an fp32
+  // gradient of what this rank updates.
+  strategy_->allocate_gradients(backend_->supports(kernels::Op::fused_unscale, wire_dtype()) &&
+                                cfg_.grad_clip <= 0.f &&
+                                !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty()));
+  // cuda: host copies of what a checkpoint holds on this rank.
+  if (device_.kind == Device::cuda) host_ = strategy_->make_host_mirror();
 }
 
 std::pair<Shape, int64_t> Trainer::setup_data() {
@@ -215,80 +142,6 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
   return {{t}, tokens_->info().vocab_size};
 }
 
-void Trainer::set_decay_groups() {
-  // --zero 1: each parameter's part of this rank's shard, in the shard's index space.
-  const int64_t lo = shards_.empty() ? 0 : shards_.begin(comm_.rank());
-  const int64_t hi = shards_.empty() ? model_->num_params() : shards_.end(comm_.rank());
-  std::vector<DecayRange> ranges;
-  for (const auto& p : model_->params()) {
-    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + shape_numel(p.shape));
-    if (a < b) ranges.push_back({a - lo, b - a, cfg_.decay_all || p.decay});
-  }
-  optimizer_->set_decay_ranges(std::move(ranges));
-}
-
-Tensor Trainer::optimizer_grad() const {
-  if (!optimizer_unscales_) return shards_.empty() ? grad32_ : shard_grad();
-  if (shards_.empty()) return reducer_->result();
-  return reducer_->result().slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
-}
-
-Tensor Trainer::shard_grad() const {
-  if (cfg_.precision != DType::f32) return grad32_;  // allocated as the shard
-  return grad32_.slice(shards_.begin(comm_.rank()), {shards_.count(comm_.rank())});
-}
-
-Trainer::MemoryUse Trainer::memory_use() const {
-  const int64_t p = model_->num_params(), es = int64_t(dtype_size(cfg_.precision));
-  const bool fp32 = cfg_.precision == DType::f32;
-  MemoryUse m;
-  // The buffers as allocated: in fp32 the masters are the working weights, whole; --zero 1
-  // counts its shard of them as masters and the rest as working weights.
-  m.masters = fp32 && !shards_.empty() ? shards_.count(comm_.rank()) * 4
-                                       : int64_t(model_->master().bytes());
-  m.work = fp32 ? (shards_.empty() ? 0 : int64_t(model_->master().bytes()) - m.masters)
-                : int64_t(model_->work().bytes());
-  m.fp32_read = int64_t(model_->fp32_copy().bytes());
-  m.optimizer = optimizer_->state_bytes();
-  const DType wire = reducer_->result().dtype;
-  m.grads = p * es + int64_t(grad32_storage_.bytes()) +
-            (wire == cfg_.precision ? 0 : p * int64_t(dtype_size(wire)));
-  return m;
-}
-
-Trainer::WireBytes Trainer::wire_bytes() const {
-  const double w = comm_.size(), f = (w - 1) / w;
-  const double p = double(model_->num_params());
-  WireBytes b;
-  const double wire = double(dtype_size(reducer_->result().dtype));
-  if (shards_.empty()) {
-    b.reduce = 2 * f * p * wire;
-    return b;
-  }
-  b.reduce = f * p * wire;
-  b.gather = f * p * double(dtype_size(model_->work().dtype));
-  b.gather_fp32 = f * double(model_->fp32_copy().numel()) * 4;
-  return b;
-}
-
-std::string Trainer::memory_report() const {
-  const MemoryUse m = memory_use();
-  const bool fp32 = cfg_.precision == DType::f32;
-  const WireBytes b = wire_bytes();
-  return cat(
-      "memory/rank: masters ", m.masters, " B",
-      cfg_.zero ? cat(" (shard of ", shards_.count(comm_.rank()), " of ", model_->num_params(), ")")
-                : "",
-      ", optimizer state ", m.optimizer, " B, working weights ", m.work,
-      fp32 ? (shards_.empty() ? " B (the masters)" : " B (the all-gathered rest)") : " B",
-      m.fp32_read > 0 ? cat(" + fp32-read parameters ", m.fp32_read, " B") : "", ", gradients ",
-      m.grads, " B; --zero ", cfg_.zero, "; wire/step/rank: ",
-      shards_.empty()
-          ? cat("allreduce ", int64_t(b.reduce), " B")
-          : cat("reduce-scatter ", int64_t(b.reduce), " B + all-gather ", int64_t(b.gather), " B",
-                b.gather_fp32 > 0 ? cat(" + fp32-read ", int64_t(b.gather_fp32), " B") : ""));
-}
-
 DType Trainer::wire_dtype() const {
   return cfg_.wire_dtype_given ? cfg_.wire_dtype : cfg_.precision;
 }
@@ -326,35 +179,12 @@ void Trainer::make_reducer() {
     const auto [first, count] = model_->layer_params()[l];
     for (size_t i = first; i < first + count; ++i) layer_of[i] = l;
   }
-  rc.shards = shards_;
   DeviceScope on_device(device_);  // the wire buffer, when the wire dtype differs
-  reducer_ = std::make_unique<comm::GradReducer>(comm_, rc, model_->grad(), ranges, layer_of);
-  if (shards_.empty()) return;
-  // --zero 1: what each node's forward waits for, and the buckets' parts of the fp32 copy.
-  const auto& buckets = reducer_->buckets();
-  std::vector<size_t> bucket_of(ranges.size());
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (size_t i = 0; i < buckets[b].params; ++i) bucket_of[buckets[b].first_param + i] = b;
-  node_bucket_.assign(model_->layer_params().size(), SIZE_MAX);
-  size_t lowest = SIZE_MAX;
-  for (size_t l = 0; l < node_bucket_.size(); ++l) {
-    const auto [first, count] = model_->layer_params()[l];
-    for (size_t i = first; i < first + count; ++i) lowest = std::min(lowest, bucket_of[i]);
-    node_bucket_[l] = lowest;
-  }
-  fp32_counts_.clear();
-  if (!model_->masters_sharded()) return;
-  for (const auto& k : buckets) {
-    std::vector<int64_t> per_rank;
-    for (int r = 0; r < comm_.size(); ++r)
-      per_rank.push_back(model_->fp32_count_in(std::max(k.offset, shards_.begin(r)),
-                                               std::min(k.offset + k.count, shards_.end(r))));
-    fp32_counts_.push_back(std::move(per_rank));
-  }
+  reducer_ = strategy_->make_reducer(rc, ranges, layer_of);
 }
 
 void Trainer::add_observers() {
-  const bool sharded = !shards_.empty();
+  const bool sharded = strategy_->partitions_gradients();
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
   observers_.add(std::make_unique<TimelineObserver>(timeline_, *model_, *reducer_, sharded));
@@ -368,10 +198,10 @@ void Trainer::add_observers() {
   // After a restore: "fallen by 2^10" counts from the restored scale.
   observers_.add(
       std::make_unique<SkipReporter>(*scaler_, scaler_->scale(), *numerics_, console_, metrics_));
-  // (--zero 1: no rank holds the whole fp32 gradient, so no histograms of it)
+  // (partitioned: no rank holds the whole fp32 gradient, so no histograms of it)
   if (tensorboard_ && cfg_.histogram_every > 0 && !sharded)
-    observers_.add(
-        std::make_unique<HistogramObserver>(*model_, grad32_, cfg_.histogram_every, *tensorboard_));
+    observers_.add(std::make_unique<HistogramObserver>(*model_, strategy_->grad32(),
+                                                       cfg_.histogram_every, *tensorboard_));
   observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
                                                   tokens_ ? tokens_->seq_len() : 0, comm_.size(),
                                                   console_, metrics_, tensorboard_.get()));
@@ -379,7 +209,7 @@ void Trainer::add_observers() {
   summary_ = summary.get();
   observers_.add(std::move(summary));
   node_hooks_ = observers_.layer_hooks();
-  if (!shards_.empty()) node_hooks_.before_forward = [this](size_t n) { wait_for_node_weights(n); };
+  strategy_->install_hooks(node_hooks_);
   reduce_hooks_ = node_hooks_;
   reduce_hooks_.grad_ready = [this](size_t p) {
     add_accumulated(p);

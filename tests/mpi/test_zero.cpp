@@ -312,5 +312,32 @@ TEST(ZeroAcrossRanks, MastersAndOptimizerBytesAreTheShard) {
   }
 }
 
+// The replicated strategy's report: every rank holds everything, and the buckets are
+// allreduced, 2(W-1)/W of the buffer on the wire, nothing gathered.
+TEST(ZeroAcrossRanks, ReplicatedHoldsEverythingAndAllreduces) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  for (DType precision : {DType::f32, DType::bf16}) {
+    launch::TrainConfig cfg = zero_test_config();
+    cfg.data = data;
+    cfg.precision = precision;
+    launch::Trainer t(cfg, world);
+    const int64_t n = t.model().num_params(), es = int64_t(dtype_size(precision));
+    const auto m = t.memory_use();
+    EXPECT_EQ(m.masters, n * 4) << dtype_name(precision) << " rank " << world.rank();
+    EXPECT_EQ(m.optimizer, n * 8) << dtype_name(precision) << " (AdamW: two moments)";
+    EXPECT_EQ(m.work, precision == DType::f32 ? 0 : n * 2) << "fp32: the masters are the weights";
+    EXPECT_EQ(m.fp32_read, 0) << dtype_name(precision);
+    // The compute-dtype gradient, and in bf16 (clipping: the optimizer does not unscale)
+    // the fp32 gradient too.
+    EXPECT_EQ(m.grads, n * es + (precision == DType::f32 ? 0 : n * 4)) << dtype_name(precision);
+    const auto b = t.wire_bytes();
+    const double f = double(world.size() - 1) / world.size();
+    EXPECT_DOUBLE_EQ(b.reduce, 2 * f * double(n) * double(es));
+    EXPECT_EQ(b.gather, 0.0);
+    EXPECT_EQ(b.gather_fp32, 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain
