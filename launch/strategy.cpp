@@ -5,18 +5,6 @@
 
 namespace ringtrain::launch {
 
-std::vector<io::NamedTensor> master_views(Model& model) {
-  std::vector<io::NamedTensor> views;
-  for (auto& p : model.params()) views.push_back({p.name, p.master});
-  return views;
-}
-
-std::vector<io::NamedTensor> buffer_views(Model& model) {
-  std::vector<io::NamedTensor> views;
-  for (auto& b : model.buffers()) views.push_back({b.name, b.value});
-  return views;
-}
-
 ParallelStrategy::ParallelStrategy(comm::Communicator& comm, kernels::Backend& backend,
                                    Model& model, DType precision, StepObservers& observers)
     : comm_(comm), backend_(backend), model_(model), precision_(precision), observers_(observers) {}

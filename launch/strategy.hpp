@@ -20,15 +20,12 @@
 #include "io/checkpoint.hpp"
 #include "launch/config.hpp"
 #include "launch/device.hpp"
+#include "launch/model_source.hpp"
 #include "launch/step_observers.hpp"
 #include "nn/model.hpp"
 #include "nn/optimizer.hpp"
 
 namespace ringtrain::launch {
-
-// The fp32 masters as the checkpoint names them: one view per parameter.
-std::vector<io::NamedTensor> master_views(Model& model);
-std::vector<io::NamedTensor> buffer_views(Model& model);  // BatchNorm running averages etc.
 
 class ParallelStrategy {
  public:
