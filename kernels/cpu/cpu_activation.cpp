@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernel_table.hpp"
 #include "kernels/cpu/elem.hpp"
 #include "kernels/cpu/vec512.hpp"
 #include "kernels/cpu/vec_math.hpp"
+#include "kernels/kernel_table.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -131,8 +131,7 @@ void gelu_tanh(const KernelEnv& env, const Tensor& x, const Tensor& y) {
   });
 }
 
-void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy,
-                        const Tensor& dx) {
+void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int threads_ = env.threads;
   if (use_avx512()) return v512::run<GeluGradAvx512>(x.numel(), threads_, x, dy, dx);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
@@ -147,7 +146,6 @@ void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy,
     }
   });
 }
-
 
 // ---- GELU, exact (erf) --------------------------------------------------------------------
 

@@ -61,8 +61,8 @@ void unary_forward(const KernelEnv& env, const Tensor& x, const Tensor& y) {
     using TX = typename decltype(X)::type;
     dispatch(y.dtype, [&](auto Y) {
       using TY = typename decltype(Y)::type;
-      unary_forward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(
-          static_cast<const TX*>(x.data), static_cast<TY*>(y.data), n);
+      unary_forward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x.data),
+                                                                 static_cast<TY*>(y.data), n);
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -79,9 +79,9 @@ void unary_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, con
       using TD = typename decltype(D)::type;
       dispatch(dx.dtype, [&](auto O) {
         using TO = typename decltype(O)::type;
-        unary_backward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(
-            static_cast<const TX*>(x.data), static_cast<const TD*>(dy.data),
-            static_cast<TO*>(dx.data), n);
+        unary_backward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x.data),
+                                                                    static_cast<const TD*>(dy.data),
+                                                                    static_cast<TO*>(dx.data), n);
         CUDA_CHECK_LAUNCH();
       });
     });
