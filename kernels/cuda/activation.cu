@@ -1,5 +1,5 @@
 // The CUDA activation family: the pointwise kernels of the kernel table (kernel_table.hpp) —
-// GELU exact (erf) and GELU in GPT-2's tanh form — as one grid-stride kernel template
+// GELU exact (erf), GELU in GPT-2's tanh form and SiLU — as one grid-stride kernel template
 // over a functor per activation, and their registration. Formulas follow
 // kernels/cpu/cpu_activation.cpp term by term (built with --fmad=false, so they round as the
 // CPU's scalar code does). An activation added here needs no other CUDA file.
@@ -36,6 +36,15 @@ struct GeluTanh {
   __device__ static float grad(float v) {
     const float sg = sigmoid2u(v);
     return sg + v * 2.f * sg * (1.f - sg) * kSqrt2OverPi * (1.f + 3.f * kCubic * v * v);
+  }
+};
+
+// x sigmoid(x); d/dx = s (1 + x (1 - s)).
+struct Silu {
+  __device__ static float forward(float v) { return v / (1.f + expf(-v)); }
+  __device__ static float grad(float v) {
+    const float s = 1.f / (1.f + expf(-v));
+    return s * (1.f + v * (1.f - s));
   }
 };
 
@@ -93,6 +102,7 @@ void unary_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, con
 RT_KERNEL_FAMILY(cuda, activation) {
   table.unary("gelu", kFloatDTypes, unary_forward<Gelu>, unary_backward<Gelu>);
   table.unary("gelu_tanh", kFloatDTypes, unary_forward<GeluTanh>, unary_backward<GeluTanh>);
+  table.unary("silu", kFloatDTypes, unary_forward<Silu>, unary_backward<Silu>);
 }
 
 }  // namespace ringtrain::kernels::cuda

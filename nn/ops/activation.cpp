@@ -109,6 +109,14 @@ const ActivationKind kActivationKinds[] = {
        return w.op("Mul", out,
                    {w.op("Mul", out + "/x_times", {x, one}), w.scalar("const/half", 0.5f)});
      }},
+    {pb::SILU,
+     [](const std::string& name) -> std::unique_ptr<Layer> {
+       return std::make_unique<Pointwise>(name, "silu");
+     },
+     [](OnnxWriter& w, const std::string& x, const std::string& out) {
+       // x sigmoid(x): opset 17 has no Silu
+       return w.op("Mul", out, {x, w.op("Sigmoid", out + "/sigmoid", {x})});
+     }},
 };
 
 const ActivationKind& activation_kind(pb::Activation k) {
