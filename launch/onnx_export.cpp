@@ -5,8 +5,8 @@
 // as initialisers under their checkpoint names, BatchNorm in inference form (running
 // statistics), dropout removed, input "input" and output "logits" with a dynamic batch
 // dimension. Every rank builds and checks the graph (so a failure on any rank is one agreed
-// message); rank 0 writes OUT.tmp and renames it to OUT when it is complete. The ops'
-// ONNX forms: launch/onnx_graph.cpp.
+// message); rank 0 writes OUT.tmp and renames it to OUT when it is complete. Each op's
+// ONNX form is its OpDef's hook (nn/ops/), called by launch/onnx_graph.cpp.
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 
