@@ -96,10 +96,11 @@ void require_plugins_loaded(const io::CheckpointMeta& meta, const std::string& p
 }  // namespace
 TokenInput token_input_of(const ModelPlan& plan) {
   for (const auto& n : plan.nodes) {
-    if (n.op != "embedding" || n.inputs != std::vector<int>{-1}) continue;
-    const auto& e = n.def->embedding();
-    const bool positional = !e.has_positional() || e.positional();
-    return {true, e.vocab_size(), positional ? e.context() : 0};
+    const OpDef* op = find_op(n.op);
+    if (!op || op->input_kind != InputKind::tokens || n.inputs != std::vector<int>{-1}) continue;
+    const TokenLimits l =
+        op->token_limits ? op->token_limits({*n.def, n.name, n.input_shapes}) : TokenLimits{};
+    return {true, l.vocab, l.context};
   }
   return {};
 }
@@ -107,7 +108,9 @@ TokenInput token_input_of(const ModelPlan& plan) {
 TokenInput token_input_of_run(const std::string& model,
                               const std::vector<TrainConfig::VarOverride>& vars) {
   ModelFile f = ModelFile::load(model);
-  if (f.def().node_size() == 0 || !f.def().node(0).has_embedding()) return {};
+  if (f.def().node_size() == 0) return {};
+  const OpDef* first = op_of(f.def().node(0));
+  if (!first || first->input_kind != InputKind::tokens) return {};
   for (const auto& v : vars) f.override_var(v.var, v.value, v.option);
   // One token and two classes fit any language model; a shape or class count the file
   // states is kept (the data is checked against it when the model is built for the run).

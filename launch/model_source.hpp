@@ -37,16 +37,16 @@ ModelFile load_model_for_run(const std::string& model,
                              const std::string& layer_precision, const Shape& sample,
                              int64_t classes, const std::string& data);
 
-// What a language model takes: token ids, when the model input feeds an `embedding` node;
-// `vocab` is that embedding's rows and `context` its positions (0: no positional embedding,
-// any length). A model takes images and labels otherwise.
+// What a language model takes: token ids, when the model input feeds a node whose op reads
+// tokens (OpDef::input_kind, as `embedding`); `vocab` and `context` are that op's limits
+// (context 0: any length). A model takes images and labels otherwise.
 struct TokenInput {
   bool takes_tokens = false;
   int64_t vocab = 0, context = 0;
 };
 TokenInput token_input_of(const ModelPlan& plan);
 // The same for `train`'s --model and var overrides, before the data fixes the input shape:
-// a model whose first node is an embedding is planned for one token to read its limits.
+// a model whose first node is a token op is planned for one token to read its limits.
 TokenInput token_input_of_run(const std::string& model,
                               const std::vector<TrainConfig::VarOverride>& vars);
 

@@ -5,8 +5,8 @@
 // as initialisers under their checkpoint names, BatchNorm in inference form (running
 // statistics), dropout removed, input "input" and output "logits" with a dynamic batch
 // dimension. Every rank builds and checks the graph (so a failure on any rank is one agreed
-// message); rank 0 writes OUT.tmp and renames it to OUT when it is complete. The ops'
-// ONNX forms: launch/onnx_graph.cpp.
+// message); rank 0 writes OUT.tmp and renames it to OUT when it is complete. Each op's
+// ONNX form is its OpDef's hook (nn/ops/), called by launch/onnx_graph.cpp.
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -26,6 +26,7 @@
 #include "launch/model_source.hpp"
 #include "launch/onnx_graph.hpp"
 #include "launch/options.hpp"
+#include "nn/op_registry.hpp"
 #include "ringtrain/config.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -72,11 +73,14 @@ std::string join(const std::vector<double>& v) {
   return s;
 }
 
-// The longest sequence a token model takes: the positions of its embeddings.
+// The longest sequence a token model takes: the context of its token ops (OpDef::token_limits).
 int64_t context_of(const ModelPlan& plan) {
   int64_t c = plan.input[0];
-  for (const PlannedNode& n : plan.nodes)
-    if (n.op == "embedding") c = std::max(c, n.def->embedding().context());
+  for (const PlannedNode& n : plan.nodes) {
+    const OpDef* op = find_op(n.op);
+    if (op && op->token_limits)
+      c = std::max(c, op->token_limits({*n.def, n.name, n.input_shapes}).context);
+  }
   return c;
 }
 
@@ -103,11 +107,9 @@ onnx::ModelProto export_onnx(const std::string& checkpoint) {
   g.set_name(file.name());
   GraphWriter w(g);
 
-  // Token models (an embedding reads the input) take int32 ids [batch, sequence]; the
-  // others the normalised samples [batch, ...].
-  bool tokens = false;
-  for (const PlannedNode& n : plan.nodes)
-    for (int i : n.inputs) tokens = tokens || (i < 0 && n.op == "embedding");
+  // Token models (a token op reads the input) take int32 ids [batch, sequence]; the others
+  // the normalised samples [batch, ...].
+  const bool tokens = token_input_of(plan).takes_tokens;
   Shape out = plan.nodes.back().out;
   std::vector<std::string> out_sym = {"batch"};
   if (tokens) {

@@ -1,7 +1,7 @@
 // The ONNX form of a model plan, for `ringtrain export` (launch/onnx_export.cpp): GraphWriter
 // builds one onnx::GraphProto (nodes, initialisers once per name), and export_nodes() writes
-// each planned node as ONNX opset-17 nodes, one family of ringtrain ops after the other, so
-// that an op added to nn/ops gets its ONNX form here.
+// each planned node as ONNX opset-17 nodes through its op's ONNX hook (OpDef::onnx, beside
+// the op in nn/ops/), which sees the graph as an OnnxWriter (nn/onnx_writer.hpp).
 #pragma once
 
 #include <onnx/onnx_pb.h>

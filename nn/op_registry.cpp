@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.hpp"
+#include "nn/graph_expand.hpp"
 #include "ringtrain/model.pb.h"
 
 namespace ringtrain {
@@ -62,6 +63,8 @@ const OpDef* find_op(const std::string& name) {
   auto it = table().find(name);
   return it == table().end() ? nullptr : &it->second.def;
 }
+
+const OpDef* op_of(const pb::Node& node) { return find_op(graph::op_name(node)); }
 
 std::vector<std::string> registered_ops() {
   std::vector<std::string> out;

@@ -1,7 +1,8 @@
 // The op registry: each op family (nn/ops/<family>.cpp, or a plugin) registers what the
-// graph builder needs of an op — its input count, shape inference, FLOPs, the builder of
-// its Layer (whose param_specs() are the op's parameters) and, for plugin ops, the
-// attributes it takes — under the name a model file uses (`linear { ... }`, or
+// graph builder and the commands need of an op — its input count, shape inference, FLOPs,
+// the builder of its Layer (whose param_specs() are the op's parameters), the kind of model
+// input it reads, its ONNX form and, for plugin ops, the attributes it takes — under the
+// name a model file uses (`linear { ... }`, or
 // `custom { type: "NAME" attr { ... } }` for plugin ops). Plugins (--plugin LIB.so) use
 // this header as installed (include/ringtrain/nn/op_registry.hpp); docs/models.md has the
 // rules they follow.
@@ -19,6 +20,7 @@ namespace ringtrain {
 namespace pb {
 class Node;
 }
+class OnnxWriter;  // nn/onnx_writer.hpp
 
 // What an op's functions see of one node: its expanded definition (every `set` applied),
 // its full name, and the shape of one sample of each input (no batch dimension).
@@ -45,6 +47,14 @@ struct AttrSpec {
   "ringtrain " RINGTRAIN_VERSION \
   ", libstdc++ cxx11 abi " RINGTRAIN_OP_ABI_STR(_GLIBCXX_USE_CXX11_ABI)
 
+// What an op reads when the model input feeds it: samples (images or feature vectors, float)
+// or token ids (int32 [T] per sample). A token op states its limits: ids below `vocab`, at
+// most `context` positions (0: any length).
+enum class InputKind { samples, tokens };
+struct TokenLimits {
+  int64_t vocab = 0, context = 0;
+};
+
 struct OpDef {
   std::string name;
   int min_inputs = 1, max_inputs = 1;  // max_inputs -1: any number
@@ -55,6 +65,14 @@ struct OpDef {
   std::function<std::unique_ptr<Layer>(const OpNode&)> build;
   // Forward FLOPs of one sample (a multiply-add counts 2); null: one per output element.
   std::function<double(const OpNode&, const Shape& out)> flops;
+  // The model input this op takes when it reads it (a model of token ops is a language
+  // model: `train` wants token data, `export` an int32 input), and a token op's limits.
+  InputKind input_kind = InputKind::samples;
+  std::function<TokenLimits(const OpNode&)> token_limits = nullptr;
+  // The op's ONNX (opset 17) form for `ringtrain export`: writes the node through `w` and
+  // returns the ONNX value of its output (w.output(), or an input for an identity in
+  // inference). Null: the op cannot be exported.
+  std::function<std::string(const OpNode&, OnnxWriter& w)> onnx = nullptr;
 };
 
 // Registers `def`; `attrs` are the attributes a plugin op reads (each may be omitted: the
@@ -63,6 +81,7 @@ struct OpDef {
 // registrations are held for register_plugin_ops() instead.
 void register_op(OpDef def, std::vector<AttrSpec> attrs = {}, std::string abi = RINGTRAIN_OP_ABI);
 const OpDef* find_op(const std::string& name);  // null when unknown
+const OpDef* op_of(const pb::Node& node);       // the op of a model file's node; null: none
 std::vector<std::string> registered_ops();      // sorted
 // What a registered op took: its attributes, and the plugin library it came from ("" for
 // an op built into ringtrain).

@@ -1,22 +1,23 @@
 // The CPU activation family: the pointwise kernels y = f(x), dx = dy * f'(x) that the kernel
-// table holds (kernel_table.hpp) — GELU exact (erf) and GELU in GPT-2's tanh form — and
-// their registration. An activation added here (and in kernels/cuda/activation.cu) needs no
-// other kernels file: docs/architecture.md, "Adding an op".
+// table holds (kernel_table.hpp) — GELU exact (erf), GELU in GPT-2's tanh form and SiLU
+// (x sigmoid(x)) — and their registration. An activation added here (and in
+// kernels/cuda/activation.cu) needs no other kernels file: docs/architecture.md, "Adding an op".
 //
 // The tanh GELU is x * sigmoid(2u) (u the tanh's argument). With
 // AVX-512: one pass of intrinsics, 16-bit tensors widened and rounded in registers, the
 // sigmoid's division done by VRCP14PS and a Newton step (vec512.hpp). Elsewhere: 16-bit
 // tensors widened to fp32 in blocks on the stack, so the arithmetic loop is always fp32 and
-// vectorises (exp_fast, as a sigmoid). The exact GELU is a plain OpenMP loop over std::erf.
+// vectorises (exp_fast, as a sigmoid). The exact GELU is a plain OpenMP loop over std::erf; SiLU
+// the widened fp32 loop over exp_fast.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernel_table.hpp"
 #include "kernels/cpu/elem.hpp"
 #include "kernels/cpu/vec512.hpp"
 #include "kernels/cpu/vec_math.hpp"
+#include "kernels/kernel_table.hpp"
 
 namespace ringtrain::kernels::cpu {
 
@@ -131,8 +132,7 @@ void gelu_tanh(const KernelEnv& env, const Tensor& x, const Tensor& y) {
   });
 }
 
-void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy,
-                        const Tensor& dx) {
+void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int threads_ = env.threads;
   if (use_avx512()) return v512::run<GeluGradAvx512>(x.numel(), threads_, x, dy, dx);
   parallel_chunks(x.numel(), threads_, [&](int64_t lo, int64_t hi) {
@@ -148,6 +148,46 @@ void gelu_tanh_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy,
   });
 }
 
+// ---- SiLU: y = x sigmoid(x), dy/dx = s (1 + x (1 - s)) ----------------------------------
+
+RT_INLINE void silu_body(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.f + exp_fast(-x[i]));
+}
+
+RT_INLINE void silu_grad_body(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.f / (1.f + exp_fast(-x[i]));
+    dx[i] = dy[i] * (s * (1.f + x[i] * (1.f - s)));
+  }
+}
+
+void silu(const KernelEnv& env, const Tensor& x, const Tensor& y) {
+  parallel_chunks(x.numel(), env.threads, [&](int64_t lo, int64_t hi) {
+    float xb[kBlock], yb[kBlock];
+    for (int64_t b = lo; b < hi; b += kBlock) {
+      const int64_t n = std::min(kBlock, hi - b);
+      float* ys = out_span(y, b, yb);
+      silu_body(span_f32(x, b, n, xb), ys, n);
+      commit_span(y, b, n, ys);
+    }
+  });
+}
+
+void silu_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  parallel_chunks(x.numel(), env.threads, [&](int64_t lo, int64_t hi) {
+    float xb[kBlock], db[kBlock], ob[kBlock];
+    for (int64_t b = lo; b < hi; b += kBlock) {
+      const int64_t n = std::min(kBlock, hi - b);
+      const float* xs = span_f32(x, b, n, xb);
+      const float* ds = span_f32(dy, b, n, db);
+      float* os = out_span(dx, b, ob);
+      silu_grad_body(xs, ds, os, n);
+      commit_span(dx, b, n, os);
+    }
+  });
+}
 
 // ---- GELU, exact (erf) --------------------------------------------------------------------
 
@@ -198,6 +238,7 @@ void gelu_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, cons
 RT_KERNEL_FAMILY(cpu, activation) {
   table.unary("gelu", kFloatDTypes, gelu, gelu_backward);
   table.unary("gelu_tanh", kFloatDTypes, gelu_tanh, gelu_tanh_backward);
+  table.unary("silu", kFloatDTypes, silu, silu_backward);
 }
 
 }  // namespace ringtrain::kernels::cpu

@@ -1,5 +1,5 @@
 // The CUDA activation family: the pointwise kernels of the kernel table (kernel_table.hpp) —
-// GELU exact (erf) and GELU in GPT-2's tanh form — as one grid-stride kernel template
+// GELU exact (erf), GELU in GPT-2's tanh form and SiLU — as one grid-stride kernel template
 // over a functor per activation, and their registration. Formulas follow
 // kernels/cpu/cpu_activation.cpp term by term (built with --fmad=false, so they round as the
 // CPU's scalar code does). An activation added here needs no other CUDA file.
@@ -39,6 +39,15 @@ struct GeluTanh {
   }
 };
 
+// x sigmoid(x); d/dx = s (1 + x (1 - s)).
+struct Silu {
+  __device__ static float forward(float v) { return v / (1.f + expf(-v)); }
+  __device__ static float grad(float v) {
+    const float s = 1.f / (1.f + expf(-v));
+    return s * (1.f + v * (1.f - s));
+  }
+};
+
 template <class F, typename X, typename Y>
 __global__ void unary_forward_kernel(const X* x, Y* y, int64_t n) {
   RT_GRID_STRIDE(i, n) { st(y, i, F::forward(ld(x, i))); }
@@ -61,8 +70,8 @@ void unary_forward(const KernelEnv& env, const Tensor& x, const Tensor& y) {
     using TX = typename decltype(X)::type;
     dispatch(y.dtype, [&](auto Y) {
       using TY = typename decltype(Y)::type;
-      unary_forward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(
-          static_cast<const TX*>(x.data), static_cast<TY*>(y.data), n);
+      unary_forward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x.data),
+                                                                 static_cast<TY*>(y.data), n);
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -79,9 +88,9 @@ void unary_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, con
       using TD = typename decltype(D)::type;
       dispatch(dx.dtype, [&](auto O) {
         using TO = typename decltype(O)::type;
-        unary_backward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(
-            static_cast<const TX*>(x.data), static_cast<const TD*>(dy.data),
-            static_cast<TO*>(dx.data), n);
+        unary_backward_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const TX*>(x.data),
+                                                                    static_cast<const TD*>(dy.data),
+                                                                    static_cast<TO*>(dx.data), n);
         CUDA_CHECK_LAUNCH();
       });
     });
@@ -93,6 +102,7 @@ void unary_backward(const KernelEnv& env, const Tensor& x, const Tensor& dy, con
 RT_KERNEL_FAMILY(cuda, activation) {
   table.unary("gelu", kFloatDTypes, unary_forward<Gelu>, unary_backward<Gelu>);
   table.unary("gelu_tanh", kFloatDTypes, unary_forward<GeluTanh>, unary_backward<GeluTanh>);
+  table.unary("silu", kFloatDTypes, unary_forward<Silu>, unary_backward<Silu>);
 }
 
 }  // namespace ringtrain::kernels::cuda

@@ -3,6 +3,6 @@
 // a new op of an existing family does not.
 #pragma once
 
-#define RT_CUDA_KERNEL_FAMILIES(X)                                                     \
+#define RT_CUDA_KERNEL_FAMILIES(X)                                                           \
   X(core)       /* cuda_backend.cpp: the ops of cuda_backend, gemm, conv, transformer_ops */ \
-  X(activation) /* activation.cu: GELU, GELU (tanh) */
+  X(activation) /* activation.cu: the pointwise activations */

@@ -1,7 +1,11 @@
-// The activation op: ReLU and GELU layers (GeluTanh: nn/ops/transformer.cpp) and the registration
-// of `activation`.
+// The activation op: ReLU, GELU and the kernel table's Pointwise layers (GeluTanh:
+// nn/ops/transformer.cpp), the activation kinds a model file names with the layer and ONNX
+// form of each, and the registration of `activation`.
+#include <cmath>
+
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "nn/transformer_layers.hpp"
 #include "ringtrain/model.pb.h"
@@ -60,24 +64,92 @@ const Tensor& Pointwise::backward(Context& ctx, const Tensor& dy) {
 
 namespace {
 
-RINGTRAIN_REGISTER_OP(activation, OpDef{.name = "activation",
-                                        .infer = [](const OpNode& n) -> Shape {
-                                          const auto k = n.def.activation().kind();
-                                          RT_REQUIRE(
-                                              k == pb::RELU || k == pb::GELU || k == pb::GELU_TANH,
-                                              "activation kind ", pb::Activation_Name(k),
-                                              " is not valid; expected RELU, GELU or GELU_TANH");
-                                          return n.inputs[0];
-                                        },
-                                        .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                                          if (n.def.activation().kind() == pb::GELU)
-                                            return std::make_unique<GELU>(n.name);
-                                          if (n.def.activation().kind() == pb::GELU_TANH)
-                                            return std::make_unique<GeluTanh>(n.name);
-                                          return std::make_unique<ReLU>(n.name);
-                                        },
-                                        .flops = nullptr});
+// One activation kind of a model file (`activation { kind: K }`): the layer it builds and
+// its ONNX (opset 17) form, y = f(x) written as `out`. A pointwise activation of the kernel
+// table is a Pointwise layer of its kernel name; adding one is a row here
+// (docs/architecture.md, "Adding an op").
+struct ActivationKind {
+  pb::Activation kind;
+  std::unique_ptr<Layer> (*layer)(const std::string& name);
+  std::string (*onnx)(OnnxWriter& w, const std::string& x, const std::string& out);
+};
+
+const ActivationKind kActivationKinds[] = {
+    {pb::RELU,
+     [](const std::string& name) -> std::unique_ptr<Layer> { return std::make_unique<ReLU>(name); },
+     [](OnnxWriter& w, const std::string& x, const std::string& out) {
+       return w.op("Relu", out, {x});
+     }},
+    {pb::GELU,
+     [](const std::string& name) -> std::unique_ptr<Layer> { return std::make_unique<GELU>(name); },
+     [](OnnxWriter& w, const std::string& x, const std::string& out) {
+       // 0.5 x (1 + erf(x / sqrt 2)): opset 17 has no Gelu
+       const std::string e =
+           w.op("Erf", out + "/erf",
+                {w.op("Div", out + "/scaled", {x, w.scalar("const/sqrt2", float(M_SQRT2))})});
+       const std::string one = w.op("Add", out + "/one_plus", {e, w.scalar("const/one", 1.f)});
+       return w.op("Mul", out,
+                   {w.op("Mul", out + "/x_times", {x, one}), w.scalar("const/half", 0.5f)});
+     }},
+    {pb::GELU_TANH,
+     [](const std::string& name) -> std::unique_ptr<Layer> {
+       return std::make_unique<GeluTanh>(name);
+     },
+     [](OnnxWriter& w, const std::string& x, const std::string& out) {
+       // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's form
+       const std::string x3 = w.op("Mul", out + "/cube", {w.op("Mul", out + "/square", {x, x}), x});
+       const std::string inner =
+           w.op("Add", out + "/inner",
+                {x, w.op("Mul", out + "/cubic", {x3, w.scalar("const/gelu_cubic", 0.044715f)})});
+       const std::string th =
+           w.op("Tanh", out + "/tanh",
+                {w.op("Mul", out + "/scaled",
+                      {inner, w.scalar("const/sqrt_2_over_pi", 0.7978845608028654f)})});
+       const std::string one = w.op("Add", out + "/one_plus", {th, w.scalar("const/one", 1.f)});
+       return w.op("Mul", out,
+                   {w.op("Mul", out + "/x_times", {x, one}), w.scalar("const/half", 0.5f)});
+     }},
+    {pb::SILU,
+     [](const std::string& name) -> std::unique_ptr<Layer> {
+       return std::make_unique<Pointwise>(name, "silu");
+     },
+     [](OnnxWriter& w, const std::string& x, const std::string& out) {
+       // x sigmoid(x): opset 17 has no Silu
+       return w.op("Mul", out, {x, w.op("Sigmoid", out + "/sigmoid", {x})});
+     }},
+};
+
+const ActivationKind& activation_kind(pb::Activation k) {
+  std::string valid;
+  for (const ActivationKind& a : kActivationKinds) {
+    if (a.kind == k) return a;
+    valid += cat(valid.empty() ? "" : ", ", pb::Activation_Name(a.kind));
+  }
+  throw_input(
+      cat("activation kind ", pb::Activation_Name(k), " is not valid; expected one of ", valid));
+}
+
+RINGTRAIN_REGISTER_OP(activation,
+                      OpDef{.name = "activation",
+                            .infer = [](const OpNode& n) -> Shape {
+                              activation_kind(n.def.activation().kind());
+                              return n.inputs[0];
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              return activation_kind(n.def.activation().kind()).layer(n.name);
+                            },
+                            .flops = nullptr,
+                            .onnx =
+                                [](const OpNode& n, OnnxWriter& w) {
+                                  return write_onnx_activation(w, n.def.activation().kind(),
+                                                               w.input(0), w.output());
+                                }});
 
 }  // namespace
+
+std::string write_onnx_activation(OnnxWriter& w, pb::Activation kind, const std::string& x,
+                                  const std::string& out) {
+  return kind == pb::NONE ? x : activation_kind(kind).onnx(w, x, out);
+}
 
 }  // namespace ringtrain

@@ -1,6 +1,7 @@
 // The convolution op: Conv2D (y = act(conv(x, W) + b)) and the registration of `conv`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -84,39 +85,52 @@ Conv2D::Options conv_options(const OpNode& n) {
           fused_activation(o.activation())};
 }
 
-RINGTRAIN_REGISTER_OP(conv,
-                      OpDef{.name = "conv",
-                            .infer = [](const OpNode& n) -> Shape {
-                              const Shape& x = n.inputs[0];
-                              RT_REQUIRE(x.size() == 3, "conv expects input [C, H, W], got ",
-                                         shape_str(x));
-                              const auto& o = n.def.conv();
-                              RT_REQUIRE(o.out_channels() >= 1, "out_channels ", o.out_channels(),
-                                         " is not valid; expected a positive number");
-                              RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
-                                         " is not valid; expected a positive number");
-                              RT_REQUIRE(!o.has_stride() || o.stride() >= 1, "stride ", o.stride(),
-                                         " is not valid; expected a positive number");
-                              RT_REQUIRE(o.padding() >= 0, "padding ", o.padding(), " is negative");
-                              const Conv2D::Options c = conv_options(n);
-                              const kernels::ConvShape cs{1,        x[0],           x[1],
-                                                          x[2],     c.out_channels, c.kernel,
-                                                          c.kernel, c.stride,       c.padding};
-                              RT_REQUIRE(cs.p() > 0 && cs.q() > 0, "input ", shape_str(x),
-                                         " is too small for a ", c.kernel, "x", c.kernel,
-                                         " kernel with padding ", c.padding);
-                              return {c.out_channels, cs.p(), cs.q()};
-                            },
-                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                              return std::make_unique<Conv2D>(n.name, conv_options(n));
-                            },
-                            .flops =
-                                [](const OpNode& n, const Shape& out) {
-                                  const auto& o = n.def.conv();
-                                  return 2.0 * double(n.inputs[0][0] * o.kernel() * o.kernel()) *
-                                             double(shape_numel(out)) +
-                                         double(shape_numel(out));
-                                }});
+RINGTRAIN_REGISTER_OP(
+    conv, OpDef{.name = "conv",
+                .infer = [](const OpNode& n) -> Shape {
+                  const Shape& x = n.inputs[0];
+                  RT_REQUIRE(x.size() == 3, "conv expects input [C, H, W], got ", shape_str(x));
+                  const auto& o = n.def.conv();
+                  RT_REQUIRE(o.out_channels() >= 1, "out_channels ", o.out_channels(),
+                             " is not valid; expected a positive number");
+                  RT_REQUIRE(o.kernel() >= 1, "kernel ", o.kernel(),
+                             " is not valid; expected a positive number");
+                  RT_REQUIRE(!o.has_stride() || o.stride() >= 1, "stride ", o.stride(),
+                             " is not valid; expected a positive number");
+                  RT_REQUIRE(o.padding() >= 0, "padding ", o.padding(), " is negative");
+                  const Conv2D::Options c = conv_options(n);
+                  const kernels::ConvShape cs{
+                      1, x[0], x[1], x[2], c.out_channels, c.kernel, c.kernel, c.stride, c.padding};
+                  RT_REQUIRE(cs.p() > 0 && cs.q() > 0, "input ", shape_str(x),
+                             " is too small for a ", c.kernel, "x", c.kernel,
+                             " kernel with padding ", c.padding);
+                  return {c.out_channels, cs.p(), cs.q()};
+                },
+                .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                  return std::make_unique<Conv2D>(n.name, conv_options(n));
+                },
+                .flops =
+                    [](const OpNode& n, const Shape& out) {
+                      const auto& o = n.def.conv();
+                      return 2.0 * double(n.inputs[0][0] * o.kernel() * o.kernel()) *
+                                 double(shape_numel(out)) +
+                             double(shape_numel(out));
+                    },
+                .onnx =
+                    [](const OpNode& n, OnnxWriter& w) {
+                      const pb::Conv& o = n.def.conv();
+                      const std::string name = w.output();
+                      std::vector<std::string> ins = {w.input(0), w.param("weight")};
+                      if (w.has_param("bias")) ins.push_back(w.param("bias"));
+                      const bool act = o.activation() != pb::NONE;
+                      const std::string y = act ? name + "/conv" : name;
+                      const int64_t s = o.has_stride() ? o.stride() : 1, p = o.padding();
+                      w.node("Conv", y, ins, {y},
+                             {{"kernel_shape", std::vector<int64_t>{o.kernel(), o.kernel()}},
+                              {"strides", std::vector<int64_t>{s, s}},
+                              {"pads", std::vector<int64_t>{p, p, p, p}}});
+                      return write_onnx_activation(w, o.activation(), y, name);
+                    }});
 
 }  // namespace
 

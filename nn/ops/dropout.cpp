@@ -2,6 +2,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -37,18 +38,20 @@ const Tensor& Dropout::backward(Context& ctx, const Tensor& dy) {
 
 namespace {
 
-RINGTRAIN_REGISTER_OP(dropout, OpDef{.name = "dropout",
-                                     .infer = [](const OpNode& n) -> Shape {
-                                       const float p = n.def.dropout().p();
-                                       RT_REQUIRE(p >= 0 && p < 1, "p ", p,
-                                                  " is not a probability in [0, 1)");
-                                       return n.inputs[0];
-                                     },
-                                     .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                                       return std::make_unique<Dropout>(n.name,
-                                                                        n.def.dropout().p());
-                                     },
-                                     .flops = nullptr});
+RINGTRAIN_REGISTER_OP(dropout,
+                      OpDef{.name = "dropout",
+                            .infer = [](const OpNode& n) -> Shape {
+                              const float p = n.def.dropout().p();
+                              RT_REQUIRE(p >= 0 && p < 1, "p ", p,
+                                         " is not a probability in [0, 1)");
+                              return n.inputs[0];
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              return std::make_unique<Dropout>(n.name, n.def.dropout().p());
+                            },
+                            .flops = nullptr,
+                            // identity in inference: no node
+                            .onnx = [](const OpNode&, OnnxWriter& w) { return w.input(0); }});
 
 }  // namespace
 

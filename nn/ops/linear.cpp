@@ -1,6 +1,7 @@
 // The linear op: Linear (y = act(x W^T + b)) and the registration of `linear`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -75,6 +76,31 @@ Activation fused_activation(pb::Activation a) {
 
 namespace {
 
+// Gemm (after a Flatten for inputs of more than one dimension); with last_axis, MatMul with
+// the transposed weight and an Add of the bias; then the fused activation.
+std::string linear_onnx(const OpNode& n, OnnxWriter& w) {
+  const pb::Linear& o = n.def.linear();
+  const std::string v = w.output();
+  const bool bias = w.has_param("bias");
+  const bool act = o.activation() != pb::NONE;
+  const std::string y = act ? v + "/linear" : v;
+  if (o.last_axis()) {  // [N, ..., in] -> [N, ..., out]: MatMul with W^T, then the bias
+    const std::string wt = w.op("Transpose", v + "/weight_t", {w.param("weight")});  // reversed
+    const std::string xw = w.op("MatMul", bias ? v + "/matmul" : y, {w.input(0), wt});
+    if (bias) w.op("Add", y, {xw, w.param("bias")});
+  } else {  // x viewed as [N, in_features]
+    std::string x = w.input(0);
+    if (n.inputs[0].size() != 1) {
+      x = v + "/flatten";
+      w.node("Flatten", x, {w.input(0)}, {x}, {{"axis", int64_t(1)}});
+    }
+    std::vector<std::string> ins = {x, w.param("weight")};
+    if (bias) ins.push_back(w.param("bias"));
+    w.node("Gemm", y, ins, {y}, {{"transB", int64_t(1)}});
+  }
+  return write_onnx_activation(w, o.activation(), y, v);
+}
+
 RINGTRAIN_REGISTER_OP(linear,
                       OpDef{.name = "linear",
                             .infer = [](const OpNode& n) -> Shape {
@@ -104,7 +130,8 @@ RINGTRAIN_REGISTER_OP(linear,
                                   const double rows = double(shape_numel(out)) / o;
                                   const double in = double(shape_numel(n.inputs[0])) / rows;
                                   return rows * (2.0 * in * o + o);
-                                }});
+                                },
+                            .onnx = linear_onnx});
 
 }  // namespace
 

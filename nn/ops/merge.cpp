@@ -2,6 +2,7 @@
 // the channel axis), and the registrations of `add` and `concat`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -103,31 +104,49 @@ RINGTRAIN_REGISTER_OP(add, OpDef{.name = "add",
                                  .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
                                    return std::make_unique<Add>(n.name);
                                  },
-                                 .flops = nullptr});
+                                 .flops = nullptr,
+                                 .onnx =
+                                     [](const OpNode& n, OnnxWriter& w) {
+                                       // a chain of two-input Adds, the last one named as the node
+                                       std::string acc = w.input(0);
+                                       for (size_t k = 1; k < n.inputs.size(); ++k)
+                                         acc = w.op("Add",
+                                                    k + 1 == n.inputs.size()
+                                                        ? w.output()
+                                                        : cat(w.output(), "/sum", k),
+                                                    {acc, w.input(k)});
+                                       return acc;
+                                     }});
 
-RINGTRAIN_REGISTER_OP(concat,
-                      OpDef{.name = "concat",
-                            .min_inputs = 2,
-                            .max_inputs = -1,
-                            .infer = [](const OpNode& n) -> Shape {
-                              Shape out = n.inputs[0];
-                              RT_REQUIRE(!out.empty(), "concat needs inputs with a channel axis");
-                              for (size_t i = 1; i < n.inputs.size(); ++i) {
-                                Shape a = n.inputs[0], b = n.inputs[i];
-                                a[0] = b.empty() ? 0 : b[0];
-                                RT_REQUIRE(
-                                    a == b,
-                                    "concat needs inputs that differ only in channels; input 1 is ",
-                                    shape_str(n.inputs[0]), " but input ", i + 1, " is ",
-                                    shape_str(n.inputs[i]));
-                                out[0] += b[0];
-                              }
-                              return out;
-                            },
-                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                              return std::make_unique<Concat>(n.name);
-                            },
-                            .flops = [](const OpNode&, const Shape&) { return 0.0; }});
+RINGTRAIN_REGISTER_OP(
+    concat, OpDef{.name = "concat",
+                  .min_inputs = 2,
+                  .max_inputs = -1,
+                  .infer = [](const OpNode& n) -> Shape {
+                    Shape out = n.inputs[0];
+                    RT_REQUIRE(!out.empty(), "concat needs inputs with a channel axis");
+                    for (size_t i = 1; i < n.inputs.size(); ++i) {
+                      Shape a = n.inputs[0], b = n.inputs[i];
+                      a[0] = b.empty() ? 0 : b[0];
+                      RT_REQUIRE(a == b,
+                                 "concat needs inputs that differ only in channels; input 1 is ",
+                                 shape_str(n.inputs[0]), " but input ", i + 1, " is ",
+                                 shape_str(n.inputs[i]));
+                      out[0] += b[0];
+                    }
+                    return out;
+                  },
+                  .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                    return std::make_unique<Concat>(n.name);
+                  },
+                  .flops = [](const OpNode&, const Shape&) { return 0.0; },
+                  .onnx =
+                      [](const OpNode& n, OnnxWriter& w) {
+                        std::vector<std::string> ins;
+                        for (size_t k = 0; k < n.inputs.size(); ++k) ins.push_back(w.input(k));
+                        w.node("Concat", w.output(), ins, {w.output()}, {{"axis", int64_t(1)}});
+                        return w.output();
+                      }});
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // The normalisation op: BatchNorm2D and the registration of `batch_norm`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -82,7 +83,16 @@ RINGTRAIN_REGISTER_OP(
             return std::make_unique<BatchNorm2D>(n.name, n.inputs[0][0],
                                                  bn_config(n.def.batch_norm()));
           },
-          .flops = [](const OpNode&, const Shape& out) { return 4.0 * double(shape_numel(out)); }});
+          .flops = [](const OpNode&, const Shape& out) { return 4.0 * double(shape_numel(out)); },
+          // the inference form, on the running statistics
+          .onnx =
+              [](const OpNode& n, OnnxWriter& w) {
+                w.node("BatchNormalization", w.output(),
+                       {w.input(0), w.param("weight"), w.param("bias"), w.buffer("running_mean"),
+                        w.buffer("running_var")},
+                       {w.output()}, {{"epsilon", bn_config(n.def.batch_norm()).eps}});
+                return w.output();
+              }});
 
 }  // namespace
 

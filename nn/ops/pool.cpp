@@ -2,6 +2,7 @@
 // `global_avg_pool`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -77,6 +78,15 @@ RINGTRAIN_REGISTER_OP(
                         [](const OpNode& n, const Shape& out) {
                           const int64_t k = n.def.max_pool().kernel();
                           return double(shape_numel(out) * k * k);
+                        },
+                    .onnx =
+                        [](const OpNode& n, OnnxWriter& w) {
+                          const auto& o = n.def.max_pool();
+                          const int64_t s = pool_stride(o);
+                          w.node("MaxPool", w.output(), {w.input(0)}, {w.output()},
+                                 {{"kernel_shape", std::vector<int64_t>{o.kernel(), o.kernel()}},
+                                  {"strides", std::vector<int64_t>{s, s}}});
+                          return w.output();
                         }});
 
 RINGTRAIN_REGISTER_OP(
@@ -91,7 +101,12 @@ RINGTRAIN_REGISTER_OP(
           .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
             return std::make_unique<GlobalAvgPool>(n.name);
           },
-          .flops = [](const OpNode& n, const Shape&) { return double(shape_numel(n.inputs[0])); }});
+          .flops = [](const OpNode& n, const Shape&) { return double(shape_numel(n.inputs[0])); },
+          .onnx = [](const OpNode&, OnnxWriter& w) {  // ONNX keeps [N, C, 1, 1]; ours is [N, C]
+            const std::string p = w.op("GlobalAveragePool", w.output() + "/pool", {w.input(0)});
+            w.node("Flatten", w.output(), {p}, {w.output()}, {{"axis", int64_t(1)}});
+            return w.output();
+          }});
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // `flatten` and `reshape`.
 #include "core/error.hpp"
 #include "nn/layers.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -59,26 +60,40 @@ Shape resolve_reshape(const google::protobuf::RepeatedField<int64_t>& r, int64_t
   return s;
 }
 
-RINGTRAIN_REGISTER_OP(flatten, OpDef{.name = "flatten",
-                                     .infer = [](const OpNode& n) -> Shape {
-                                       return {shape_numel(n.inputs[0])};
-                                     },
-                                     .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                                       return std::make_unique<Flatten>(n.name);
-                                     },
-                                     .flops = [](const OpNode&, const Shape&) { return 0.0; }});
+RINGTRAIN_REGISTER_OP(
+    flatten,
+    OpDef{.name = "flatten",
+          .infer = [](const OpNode& n) -> Shape { return {shape_numel(n.inputs[0])}; },
+          .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+            return std::make_unique<Flatten>(n.name);
+          },
+          .flops = [](const OpNode&, const Shape&) { return 0.0; },
+          .onnx =
+              [](const OpNode&, OnnxWriter& w) {
+                w.node("Flatten", w.output(), {w.input(0)}, {w.output()}, {{"axis", int64_t(1)}});
+                return w.output();
+              }});
 
-RINGTRAIN_REGISTER_OP(reshape, OpDef{.name = "reshape",
-                                     .infer = [](const OpNode& n) -> Shape {
-                                       return resolve_reshape(n.def.reshape().shape(),
-                                                              shape_numel(n.inputs[0]));
-                                     },
-                                     .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                                       return std::make_unique<Reshape>(
-                                           n.name, resolve_reshape(n.def.reshape().shape(),
-                                                                   shape_numel(n.inputs[0])));
-                                     },
-                                     .flops = [](const OpNode&, const Shape&) { return 0.0; }});
+RINGTRAIN_REGISTER_OP(
+    reshape,
+    OpDef{.name = "reshape",
+          .infer = [](const OpNode& n) -> Shape {
+            return resolve_reshape(n.def.reshape().shape(), shape_numel(n.inputs[0]));
+          },
+          .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+            return std::make_unique<Reshape>(
+                n.name, resolve_reshape(n.def.reshape().shape(), shape_numel(n.inputs[0])));
+          },
+          .flops = [](const OpNode&, const Shape&) { return 0.0; },
+          .onnx =
+              [](const OpNode& n, OnnxWriter& w) {
+                // 0: the batch dimension as it is
+                std::vector<int64_t> shape = {0};
+                const Shape s = resolve_reshape(n.def.reshape().shape(), shape_numel(n.inputs[0]));
+                shape.insert(shape.end(), s.begin(), s.end());
+                return w.op("Reshape", w.output(),
+                            {w.input(0), w.ints(w.output() + "/shape", shape)});
+              }});
 
 }  // namespace
 

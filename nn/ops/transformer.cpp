@@ -1,9 +1,12 @@
 // The transformer ops: Embedding, LayerNorm, CausalSelfAttention and GeluTanh (declared in
 // nn/transformer_layers.hpp) and the registration of `embedding`, `layer_norm` and
 // `attention` (the tanh GELU is `activation { kind: GELU_TANH }`, nn/ops/activation.cpp).
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
+#include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "nn/transformer_layers.hpp"
 #include "ringtrain/model.pb.h"
@@ -160,6 +163,66 @@ namespace {
 
 float ln_eps(const pb::LayerNorm& o) { return o.has_eps() ? float(o.eps()) : 1e-5f; }
 
+bool positional(const pb::Embedding& o) { return !o.has_positional() || o.positional(); }
+
+// The first `len` ([1], int64) of dimension 1 of value x: the sequence length T.
+std::string onnx_seq_len(OnnxWriter& w, const std::string& x, const std::string& prefix) {
+  const std::string shape = w.op("Shape", prefix + "/shape", {x});
+  return w.op("Slice", prefix + "/seq_len",
+              {shape, w.ints("const/i1", {1}), w.ints("const/i2", {2}), w.ints("const/i0", {0})});
+}
+
+// ids [N, T] -> rows of the token table (+ rows 0..T-1 of the position table).
+std::string embedding_onnx(const OpNode& n, OnnxWriter& w) {
+  const std::string x = w.input(0), v = w.output();
+  const bool pos = positional(n.def.embedding());
+  const std::string tok = pos ? v + "/tokens" : v;
+  w.node("Gather", tok, {w.param("wte"), x}, {tok}, {{"axis", int64_t(0)}});
+  if (!pos) return tok;
+  const std::string p = w.op(
+      "Slice", v + "/positions",
+      {w.param("wpe"), w.ints("const/i0", {0}), onnx_seq_len(w, x, v), w.ints("const/i0", {0})});
+  return w.op("Add", v, {tok, p});
+}
+
+// Causal multi-head self-attention as MatMul/Softmax: qkv [N, T, 3C] (q, k, v side by side,
+// head h at columns h*hs of each) -> [N, T, C]; scores scaled by 1/sqrt(hs), the future
+// masked by adding -inf from the top-left [T, T] of one constant mask (the model's longest
+// sequence square, shared by every attention node).
+std::string attention_onnx(const OpNode& n, OnnxWriter& w) {
+  const std::string x = w.input(0), p = w.output();
+  const int64_t heads = n.def.attention().heads(), c = n.inputs[0][1] / 3, hs = c / heads;
+  const int64_t l = std::max(w.max_sequence(), n.inputs[0][0]);
+  std::vector<float> mask(size_t(l * l), 0.f);
+  for (int64_t i = 0; i < l; ++i)
+    for (int64_t j = i + 1; j < l; ++j)
+      mask[size_t(i * l + j)] = -std::numeric_limits<float>::infinity();
+  const std::string m_all = w.weight("const/causal_mask", {l, l}, mask.data());
+  w.node("Split", p + "/split", {x, w.ints(cat("const/split_", c), {c, c, c})},
+         {p + "/q", p + "/k", p + "/v"}, {{"axis", int64_t(2)}});
+  const std::string heads_shape = w.ints(cat("const/heads_", heads, "x", hs), {0, 0, heads, hs});
+  auto split_heads = [&](const std::string& v, std::vector<int64_t> perm) {
+    const std::string r = w.op("Reshape", v + "_heads", {v, heads_shape});
+    return w.op("Transpose", v + "_t", {r}, {{"perm", std::move(perm)}});
+  };
+  const std::string q = split_heads(p + "/q", {0, 2, 1, 3});  // [N, H, T, hs]
+  const std::string k = split_heads(p + "/k", {0, 2, 3, 1});  // [N, H, hs, T]
+  const std::string v = split_heads(p + "/v", {0, 2, 1, 3});  // [N, H, T, hs]
+  const std::string s = w.op("Mul", p + "/scores",
+                             {w.op("MatMul", p + "/qk", {q, k}),
+                              w.scalar(cat("const/inv_sqrt_", hs), 1.f / std::sqrt(float(hs)))});
+  const std::string t = onnx_seq_len(w, x, p);
+  const std::string ends = w.op("Concat", p + "/mask_ends", {t, t}, {{"axis", int64_t(0)}});
+  const std::string m =
+      w.op("Slice", p + "/mask",
+           {m_all, w.ints("const/i00", {0, 0}), ends, w.ints("const/i01", {0, 1})});
+  const std::string probs =
+      w.op("Softmax", p + "/probs", {w.op("Add", p + "/masked", {s, m})}, {{"axis", int64_t(-1)}});
+  const std::string o = w.op("Transpose", p + "/out_t", {w.op("MatMul", p + "/out", {probs, v})},
+                             {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  return w.op("Reshape", p, {o, w.ints(cat("const/merge_", c), {0, 0, c})});
+}
+
 RINGTRAIN_REGISTER_OP(
     embedding,
     OpDef{.name = "embedding",
@@ -179,9 +242,15 @@ RINGTRAIN_REGISTER_OP(
           .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
             const auto& o = n.def.embedding();
             return std::make_unique<Embedding>(n.name, o.vocab_size(), o.width(), o.context(),
-                                               !o.has_positional() || o.positional());
+                                               positional(o));
           },
-          .flops = [](const OpNode&, const Shape& out) { return double(shape_numel(out)); }});
+          .flops = [](const OpNode&, const Shape& out) { return double(shape_numel(out)); },
+          .input_kind = InputKind::tokens,
+          .token_limits = [](const OpNode& n) -> TokenLimits {
+            const auto& o = n.def.embedding();
+            return {o.vocab_size(), positional(o) ? o.context() : 0};
+          },
+          .onnx = embedding_onnx});
 
 RINGTRAIN_REGISTER_OP(
     layer_norm,
@@ -196,7 +265,14 @@ RINGTRAIN_REGISTER_OP(
             return std::make_unique<LayerNorm>(n.name, n.inputs[0].back(),
                                                ln_eps(n.def.layer_norm()));
           },
-          .flops = [](const OpNode&, const Shape& out) { return 5.0 * double(shape_numel(out)); }});
+          .flops = [](const OpNode&, const Shape& out) { return 5.0 * double(shape_numel(out)); },
+          .onnx =
+              [](const OpNode& n, OnnxWriter& w) {
+                w.node("LayerNormalization", w.output(),
+                       {w.input(0), w.param("weight"), w.param("bias")}, {w.output()},
+                       {{"axis", int64_t(-1)}, {"epsilon", ln_eps(n.def.layer_norm())}});
+                return w.output();
+              }});
 
 RINGTRAIN_REGISTER_OP(
     attention,
@@ -218,7 +294,8 @@ RINGTRAIN_REGISTER_OP(
               [](const OpNode& n, const Shape& out) {
                 const double t = double(out[0]), c = double(out[1]);
                 return 2.0 * 2.0 * c * t * (t + 1) / 2;
-              }});
+              },
+          .onnx = attention_onnx});
 
 }  // namespace
 

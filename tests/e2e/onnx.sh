@@ -2,8 +2,8 @@
 # `ringtrain export --format onnx` checked by the real consumers, PyPI's `onnx` and
 # `onnxruntime` (in a venv this test makes, cached under the build dir): an MLP, the CNN
 # (dropout removed), a ResNet (GELU as erf, BatchNorm), examples/lenet_bn.pbtxt (a residual
-# add) and a model file of the other ops (concat, reshape, last-axis linear, layer norm),
-# each trained for a few steps at 2 ranks and exported at 2 ranks, pass
+# add) and a model file of the other ops (concat, reshape, last-axis linear, layer norm,
+# every activation kind), each trained for a few steps at 2 ranks and exported at 2 ranks, pass
 # onnx.checker.check_model(full_check=True), and ONNX Runtime's logits on 1,000 test images
 # (through docs/interop.md's serving snippet, run as written) match `ringtrain predict`'s to
 # max |d| <= 1e-4 with 100 % top-1 agreement. A GPT (gpt-tiny, written by onnx_fixture
@@ -33,8 +33,8 @@ with h5py.File(sys.argv[1], "r") as f:
 EOF
 "$BIN" convert npy --images x.npy --labels y.npy --out test1k.h5 >/dev/null
 
-# The ops the shipped models do not use, in one image model (whose last node has the name of
-# the ONNX graph's output).
+# The ops the shipped models do not use, and every activation kind, in one image model (whose
+# last node has the name of the ONNX graph's output).
 cat >graph.pbtxt <<'EOF'
 format_version: 1
 name: "graph"
@@ -46,6 +46,8 @@ node { name: "rows" reshape { shape: [6, -1] } }
 node { name: "proj" linear { out_features: 16 last_axis: true } }
 node { name: "ln" layer_norm {} }
 node { name: "gelu" activation { kind: GELU } }
+node { name: "gelu_tanh" activation { kind: GELU_TANH } }
+node { name: "silu" activation { kind: SILU } }
 node { name: "flat" flatten {} }
 node { name: "logits" linear { out_features: 10 } }
 EOF

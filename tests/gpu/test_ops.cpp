@@ -2,7 +2,9 @@
 // tolerance, for fp32, fp16 and bf16 and a small and a larger size (the style of ggml's
 // test-backend-ops). Skipped, visibly, without a CUDA device.
 #include <cmath>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "tests/gpu/gpu_util.hpp"
 
@@ -345,6 +347,29 @@ TEST_P(OpTest, BatchNorm) {
     EXPECT_TRUE(all_close(floats(dg.d()), floats(dg.h()), 1e-5, 1e-5));
     EXPECT_TRUE(all_close(floats(dbt.d()), floats(dbt.h()), 1e-5, 1e-5));
     EXPECT_TRUE(all_close(floats(dx.d()), floats(dx.h()), rtol_of(dt()) + 1e-5, 1e-4));
+  }
+}
+
+// Every pointwise kernel of the CUDA table (the activation family) against the CPU's: both
+// tables hold the same ops, and each runs forward and backward within the dtype's rounding
+// (expf and erff differ from the CPU's by an ulp or two). Nothing here names an activation,
+// so a new one is compared without a line in this test.
+TEST_P(OpTest, TableActivations) {
+  const std::vector<std::string> ops = gpu().kernel_table().unary_ops();
+  EXPECT_EQ(ops, cpu().kernel_table().unary_ops());
+  const int64_t n = size() * 211;
+  Pair x = make_pair({n}, dt(), uniform(n, -8, 8, 37)),
+       dy = make_pair({n}, dt(), uniform(n, -1, 1, 38));
+  for (const std::string& op : ops) {
+    SCOPED_TRACE(op);
+    ASSERT_TRUE(gpu().supports(op, dt()));
+    Pair y = make_pair({n}, dt()), dx = make_pair({n}, dt());
+    cpu().unary(op, x.h(), y.h());
+    gpu().unary(op, x.d(), y.d());
+    EXPECT_TRUE(all_close(floats(y.d()), floats(y.h()), rtol_of(dt()) + 1e-5, 1e-6));
+    cpu().unary_backward(op, x.h(), dy.h(), dx.h());
+    gpu().unary_backward(op, x.d(), dy.d(), dx.d());
+    EXPECT_TRUE(all_close(floats(dx.d()), floats(dx.h()), rtol_of(dt()) + 1e-5, 1e-6));
   }
 }
 

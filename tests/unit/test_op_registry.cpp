@@ -2,7 +2,8 @@
 // plugin's static initialisers run, then applied or refused as a whole (no op, a taken
 // name, a name twice, another ABI), each message naming the plugin; and the typed
 // attributes of a plugin op, read with their defaults and checked by the graph builder at
-// the attribute's FILE:LINE:COLUMN.
+// the attribute's FILE:LINE:COLUMN. Also the hooks of the built-in ops (ONNX form, input
+// kind).
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
@@ -139,6 +140,33 @@ TEST(OpRegistry, PluginOpAttributesAreReadWithDefaultsAndCheckedWithLocations) {
   const std::string twice = plan_error(
       "    attr { name: \"count\" int_value: 1 }\n    attr { name: \"count\" int_value: 2 }\n");
   EXPECT_EQ(twice.rfind("t.pbtxt:6:5: node 't': attribute 'count' is given twice", 0), 0u) << twice;
+}
+
+// The hooks the commands ask an op for: every op built into ringtrain has an ONNX form
+// (`export` refuses only plugin ops), and the model input's kind is the op's property, not
+// its name: `embedding` reads token ids within its vocabulary and context, the others samples.
+TEST(OpRegistry, BuiltInOpsCarryTheirOnnxFormAndInputKind) {
+  int built_in = 0;
+  for (const std::string& name : registered_ops()) {
+    if (!op_plugin(name).empty() || name.rfind("regtest_", 0) == 0) continue;
+    ++built_in;
+    const OpDef* op = find_op(name);
+    EXPECT_TRUE(op->onnx) << name << " has no ONNX form";
+    EXPECT_EQ(op->input_kind == InputKind::tokens, name == "embedding") << name;
+    EXPECT_EQ(bool(op->token_limits), op->input_kind == InputKind::tokens) << name;
+  }
+  EXPECT_GE(built_in, 14);
+  pb::Node def;
+  def.set_name("embed");
+  def.mutable_embedding()->set_vocab_size(300);
+  def.mutable_embedding()->set_context(64);
+  const std::vector<Shape> in = {{16}};
+  const OpNode node{def, def.name(), in};
+  const TokenLimits l = find_op("embedding")->token_limits(node);
+  EXPECT_EQ(l.vocab, 300);
+  EXPECT_EQ(l.context, 64);
+  def.mutable_embedding()->set_positional(false);
+  EXPECT_EQ(find_op("embedding")->token_limits(node).context, 0) << "no positions: any length";
 }
 
 }  // namespace
