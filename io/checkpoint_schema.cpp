@@ -88,6 +88,8 @@ const std::vector<CheckpointAttr>& checkpoint_attrs() {
        &M::best_metric, "only in `DIR/best.h5`: the metric that chose it"},
       {"optimizer", "name", T::string, true, true, 1, R::one_of, "sgd|adamw", "", &M::optimizer,
        "the optimizer; a resume must ask for the same `--optimizer`"},
+      // One optimizer step per training step whatever --grad-accum is (the micro-batches of
+      // a step are summed before the one update), so up_to_step holds with accumulation.
       {"optimizer", "step", T::int64, true, true, 1, R::up_to_step, "", "", &M::optimizer_step,
        "updates applied (skipped steps are not counted; AdamW's bias correction uses it)"},
       {"loss_scaler", "scale", T::float64, true, true, 1, R::finite_positive, "", "",
