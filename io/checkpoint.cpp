@@ -15,6 +15,7 @@
 #include <fstream>
 #include <regex>
 
+#include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
 
 namespace fs = std::filesystem;
@@ -35,98 +36,17 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   RT_REQUIRE(version && *version == kCheckpointVersion, what, " has format_version ",
              version ? std::to_string(*version) : "missing", "; this ringtrain reads version ",
              kCheckpointVersion);
-  auto need_int = [&](hid_t obj, const char* name) {
-    auto v = read_attr_int(obj, name);
-    RT_REQUIRE(v, what, " lacks the integer attribute '", name, "'");
-    return *v;
-  };
-  auto need_str = [&](hid_t obj, const char* name) {
-    auto v = read_attr_string(obj, name);
-    RT_REQUIRE(v, what, " lacks the string attribute '", name, "'");
-    return *v;
-  };
-  auto need_double = [&](hid_t obj, const char* name) {
-    auto v = read_attr_double(obj, name);
-    RT_REQUIRE(v, what, " lacks the attribute '", name, "'");
-    return *v;
-  };
   CheckpointMeta m;
-  m.step = need_int(f, "step");
-  m.epoch = need_int(f, "epoch");
-  m.samples_seen = need_int(f, "samples_seen");
-  m.world_size = need_int(f, "world_size");
-  m.global_batch = read_attr_int(f, "global_batch").value_or(0);
-  m.precision = need_str(f, "precision");
-  m.model = need_str(f, "model");
-  m.ringtrain_version = need_str(f, "ringtrain_version");
-  m.plugins = read_attr_string(f, "plugins").value_or("");
-  m.input_mean = need_double(f, "input_mean");
-  m.input_std = need_double(f, "input_std");
-  m.input_channel_mean = read_attr_doubles(f, "input_channel_mean").value_or(std::vector<double>{});
-  m.input_channel_std = read_attr_doubles(f, "input_channel_std").value_or(std::vector<double>{});
-  RT_REQUIRE(m.input_channel_mean.size() == m.input_channel_std.size(), what,
-             ": input_channel_mean and input_channel_std differ in length");
-  m.grad_accum = read_attr_int(f, "grad_accum").value_or(1);
-  m.best_value = read_attr_double(f, "best_value").value_or(0);
-  m.best_step = read_attr_int(f, "best_step").value_or(-1);
-  m.evals_since_best = read_attr_int(f, "evals_since_best").value_or(0);
-  for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"})
+  read_checkpoint_attrs(f, "", m, what);
+  for (const char* g : checkpoint_required_groups())
     RT_REQUIRE(has_link(f, g), what, " lacks the group /", g);
-  H5Id opt(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
-  m.optimizer = need_str(opt, "name");
-  m.optimizer_step = need_int(opt, "step");
-  H5Id ls(H5_CHECK(H5Gopen2(f, "loss_scaler", H5P_DEFAULT)));
-  m.loss_scale = need_double(ls, "scale");
-  m.growth_tracker = need_int(ls, "growth_tracker");
-  H5Id data(H5_CHECK(H5Gopen2(f, "data", H5P_DEFAULT)));
-  m.data_epoch = need_int(data, "epoch");
-  m.data_position = need_int(data, "position");
-  H5Id rng(H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT)));
-  m.seed = need_int(rng, "seed");
+  for (const char* g : checkpoint_required_groups()) {
+    H5Id group(H5_CHECK(H5Gopen2(f, g, H5P_DEFAULT)));
+    read_checkpoint_attrs(group, g, m, what);
+  }
   const std::string bad = impossible_meta(m);
   RT_REQUIRE(bad.empty(), what, " holds impossible metadata: ", bad);
   return m;
-}
-
-std::string impossible_meta(const CheckpointMeta& m) {
-  const std::pair<const char*, int64_t> counts[] = {
-      {"step", m.step},
-      {"epoch", m.epoch},
-      {"samples_seen", m.samples_seen},
-      {"global_batch", m.global_batch},
-      {"/optimizer step", m.optimizer_step},
-      {"/loss_scaler growth_tracker", m.growth_tracker},
-      {"/data epoch", m.data_epoch},
-      {"/data position", m.data_position}};
-  for (const auto& [name, v] : counts)
-    if (v < 0) return cat(name, " is ", v, "; expected >= 0");
-  if (m.world_size < 1) return cat("world_size is ", m.world_size, "; expected >= 1");
-  if (m.optimizer_step > m.step)
-    return cat("/optimizer step ", m.optimizer_step, " is beyond the training step ", m.step);
-  if (!std::isfinite(m.loss_scale) || m.loss_scale <= 0)
-    return cat("/loss_scaler scale is ", m.loss_scale, "; expected a finite value > 0");
-  if (!std::isfinite(m.input_mean))
-    return cat("input_mean is ", m.input_mean, "; expected a finite value");
-  if (!std::isfinite(m.input_std) || m.input_std <= 0)
-    return cat("input_std is ", m.input_std, "; expected a finite value > 0");
-  for (size_t c = 0; c < m.input_channel_mean.size(); ++c)
-    if (!std::isfinite(m.input_channel_mean[c]))
-      return cat("input_channel_mean[", c, "] is ", m.input_channel_mean[c],
-                 "; expected a finite value");
-  for (size_t c = 0; c < m.input_channel_std.size(); ++c)
-    if (!std::isfinite(m.input_channel_std[c]) || m.input_channel_std[c] <= 0)
-      return cat("input_channel_std[", c, "] is ", m.input_channel_std[c],
-                 "; expected a finite value > 0");
-  // One optimizer step per training step whatever --grad-accum is (the micro-batches of a
-  // step are summed before the one update), so the rule above holds with accumulation too.
-  if (m.grad_accum < 1) return cat("grad_accum is ", m.grad_accum, "; expected >= 1");
-  if (m.best_step < -1 || m.best_step > m.step)
-    return cat("best_step is ", m.best_step, "; expected -1 (none) or 0 to the step ", m.step);
-  if (m.best_step >= 0 && !std::isfinite(m.best_value))
-    return cat("best_value is ", m.best_value, "; expected a finite value");
-  if (m.evals_since_best < 0)
-    return cat("evals_since_best is ", m.evals_since_best, "; expected >= 0");
-  return "";
 }
 
 namespace {
@@ -146,11 +66,7 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool an
 }  // namespace
 
 std::string impossible_values(const std::string& name, const float* v, int64_t n) {
-  const auto ends_with = [&](const char* tail) {
-    const size_t k = std::strlen(tail);
-    return name.size() >= k && name.compare(name.size() - k, k, tail) == 0;
-  };
-  const bool squares = ends_with("exp_avg_sq") || ends_with("running_var");  // must be >= 0
+  const bool squares = checkpoint_dataset_nonnegative(name);  // exp_avg_sq, running_var
   // NaN and inf have every exponent bit set, and a value below 0 has the sign bit and a
   // non-zero magnitude (bits above 0x80000000): one vectorisable integer OR over the values
   // finds either, and only when it does is the first bad index looked for. One pass

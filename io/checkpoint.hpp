@@ -21,6 +21,8 @@ namespace ringtrain::io {
 inline constexpr const char* kCheckpointFormat = "ringtrain-checkpoint";
 inline constexpr int64_t kCheckpointVersion = 1;
 
+// The values of a checkpoint's attributes; io/checkpoint_schema.hpp maps each to its name,
+// type and rule. A default here is what an optional attribute that is absent reads as.
 struct CheckpointMeta {
   int64_t step = 0, epoch = 0, samples_seen = 0, world_size = 1;
   int64_t global_batch = 0;  // G of the run that saved (the sequence a resume continues)
@@ -41,6 +43,7 @@ struct CheckpointMeta {
   // evaluations since it, so that a resumed run keeps the same best and patience.
   double best_value = 0;
   int64_t best_step = -1, evals_since_best = 0;
+  std::string best_metric;  // only DIR/best.h5 has it (val_loss or val_accuracy)
 };
 
 struct NamedTensor {
@@ -65,8 +68,8 @@ struct OptimizerState {
 // Reads the root/group attributes; input error if `path` is not a ringtrain checkpoint of a
 // version this build reads, or if a value is one no save writes (impossible_meta).
 CheckpointMeta read_checkpoint_meta(const std::string& path);
-// Why metadata cannot be that of a real save (a negative step or optimizer step, a
-// non-finite or non-positive loss scale or input_std, ...), or "" when it can.
+// Why metadata cannot be that of a real save (a value that breaks its rule in the
+// checkpoint schema: a negative step, a non-finite loss scale, ...), or "" when it can.
 std::string impossible_meta(const CheckpointMeta& m);
 // Why the values of a float tensor stored as `name` (e.g. "params/fc1.weight",
 // "optimizer/fc1.weight/exp_avg_sq") are impossible: the first non-finite value, or a

@@ -31,6 +31,7 @@
 #include "core/env.hpp"
 #include "core/fault_injection.hpp"
 #include "io/checkpoint.hpp"
+#include "io/checkpoint_schema.hpp"
 #include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
 
@@ -309,28 +310,10 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     CollectiveFileScope collective;  // destroyed last: the handles below are inside it
     Writer w(comm);
     H5Id f = w.create(tmp);
-    write_attr(f, "format", std::string(kCheckpointFormat));
-    write_attr(f, "format_version", kCheckpointVersion);
-    write_attr(f, "step", m.step);
-    write_attr(f, "epoch", m.epoch);
-    write_attr(f, "samples_seen", m.samples_seen);
-    write_attr(f, "world_size", m.world_size);
-    write_attr(f, "precision", m.precision);
-    write_attr(f, "model", m.model);
-    write_attr(f, "ringtrain_version", m.ringtrain_version);
-    if (!m.plugins.empty()) write_attr(f, "plugins", m.plugins);
-    write_attr(f, "input_mean", m.input_mean);
-    write_attr(f, "input_std", m.input_std);
-    if (!m.input_channel_mean.empty()) {
-      write_attr(f, "input_channel_mean", m.input_channel_mean);
-      write_attr(f, "input_channel_std", m.input_channel_std);
-    }
-    write_attr(f, "grad_accum", m.grad_accum);
-    write_attr(f, "best_value", m.best_value);
-    write_attr(f, "best_step", m.best_step);
-    write_attr(f, "evals_since_best", m.evals_since_best);
-    write_attr(f, "global_batch", m.global_batch);
-    for (const char* g : {"params", "optimizer", "loss_scaler", "data", "rng"}) create_group(f, g);
+    // The attributes come from the schema's table, in its order; each group's are written at
+    // the point below where they always were, since the order of writes shapes the file.
+    write_checkpoint_attrs(f, "", m);
+    for (const char* g : checkpoint_required_groups()) create_group(f, g);
     for (const auto& p : params) {
       if (p.full_shape.empty())
         w.replicated(f, "params/" + p.name, p.tensor);
@@ -341,8 +324,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
     H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
-    write_attr(og, "name", m.optimizer);
-    write_attr(og, "step", m.optimizer_step);
+    write_checkpoint_attrs(og, "optimizer", m);
     for (const auto& s : optimizer)
       for (const auto& p : s.per_param) {
         const std::string name = "optimizer/" + p.name + "/" + s.state;
@@ -353,13 +335,11 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
           w.sharded(f, name, p);
       }
     H5Id ls(H5_CHECK(H5Gopen2(f, "loss_scaler", H5P_DEFAULT)));
-    write_attr(ls, "scale", m.loss_scale);
-    write_attr(ls, "growth_tracker", m.growth_tracker);
+    write_checkpoint_attrs(ls, "loss_scaler", m);
     H5Id dg(H5_CHECK(H5Gopen2(f, "data", H5P_DEFAULT)));
-    write_attr(dg, "epoch", m.data_epoch);
-    write_attr(dg, "position", m.data_position);
+    write_checkpoint_attrs(dg, "data", m);
     H5Id rg(H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT)));
-    write_attr(rg, "seed", m.seed);
+    write_checkpoint_attrs(rg, "rng", m);
     for (const auto& p : per_rank) {
       ensure_parents(f, p.name);
       w.per_rank(f, p.name, p.tensor);
@@ -375,8 +355,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   }
   if (rank != 0) return 0;
   // Test-only: die like a killed job after the data is written but before the rename.
-  if (const int64_t t = env::test_die_before_rename(); t && t == m.step)
-    std::_Exit(9);
+  if (const int64_t t = env::test_die_before_rename(); t && t == m.step) std::_Exit(9);
   fsync_path(tmp);
   std::error_code ec;
   fs::rename(tmp, final_path, ec);

@@ -1,4 +1,4 @@
-// train, eval, predict, convert and inspect (see commands.hpp).
+// train, eval, predict and convert (see commands.hpp; inspect is in inspect.cpp).
 #include "launch/commands.hpp"
 
 #include <chrono>
@@ -12,7 +12,6 @@
 #include "io/convert_output.hpp"
 #include "io/convert_source.hpp"
 #include "io/convert_text.hpp"
-#include "io/hdf5.hpp"
 #include "io/idx.hpp"
 #include "io/token_baselines.hpp"
 #include "launch/device.hpp"
@@ -470,93 +469,6 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
                 static_cast<long long>(r.num_classes));
   });
   return 0;
-}
-
-namespace {
-
-std::string attr_value(hid_t obj, const char* name) {
-  if (auto s = io::read_attr_string(obj, name)) return "\"" + *s + "\"";
-  if (auto i = io::read_attr_int(obj, name)) return std::to_string(*i);
-  if (auto d = io::read_attr_double(obj, name)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", *d);
-    return buf;
-  }
-  return "(unprintable)";
-}
-
-herr_t print_attr(hid_t obj, const char* name, const H5A_info_t*, void* indent) {
-  std::printf("%s@%s = %s\n", static_cast<const char*>(indent), name,
-              attr_value(obj, name).c_str());
-  return 0;
-}
-
-herr_t print_object(hid_t root, const char* name, const H5O_info_t* info, void*) {
-  if (std::string(name) == ".") return 0;
-  if (info->type == H5O_TYPE_GROUP) {
-    std::printf("/%s/\n", name);
-    io::H5Id g(H5Gopen2(root, name, H5P_DEFAULT));
-    H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, print_attr, (void*)"    ");
-  } else if (info->type == H5O_TYPE_DATASET) {
-    io::H5Id ds = io::open_dataset(root, name);
-    auto t = io::dataset_dtype(ds);
-    io::H5Id dcpl(H5Dget_create_plist(ds));
-    bool checksum = false;
-    for (int i = 0, n = H5Pget_nfilters(dcpl); i < n; ++i) {
-      unsigned flags = 0, cd[8];
-      size_t ncd = 8;
-      checksum |= H5Pget_filter2(dcpl, unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr) ==
-                  H5Z_FILTER_FLETCHER32;
-    }
-    // Types outside DType, named here: float64 (the per-channel /mean and /std) and
-    // strings (/class_names).
-    std::string type = t ? dtype_name(*t) : "?";
-    if (!t) {
-      io::H5Id ht(H5Dget_type(ds));
-      if (H5Tget_class(ht) == H5T_FLOAT && H5Tget_size(ht) == 8) type = "float64";
-      if (H5Tget_class(ht) == H5T_STRING) type = "string";
-    }
-    std::printf("/%s  %s %s%s\n", name, type.c_str(), shape_str(io::dataset_shape(ds)).c_str(),
-                checksum ? "  fletcher32" : "");
-  }
-  return 0;
-}
-
-}  // namespace
-
-int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) {
-  const char* usage =
-      "usage: ringtrain inspect FILE.h5\n"
-      "  prints what a dataset or checkpoint holds (attributes, datasets, dtypes, shapes);\n"
-      "  for a checkpoint, also whether it is valid (exit 1 when it is not).\n";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    if (comm.rank() == 0) std::cout << usage;
-    return 0;
-  }
-  bool valid = true;
-  agree(comm, [&] {
-    RT_REQUIRE(args.size() == 1,
-               "ringtrain inspect: expected one file (usage: ringtrain inspect FILE.h5)");
-    if (comm.rank() != 0) return;
-    std::error_code ec;  // a FIFO or device would block HDF5's open: refuse it first
-    const auto st = std::filesystem::status(args[0], ec);
-    RT_REQUIRE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
-               "ringtrain inspect: '", args[0], "' is not a regular file; expected an HDF5 file");
-    io::H5Id f = io::open_file_readonly(args[0], "file");
-    auto format = io::read_attr_string(f, "format");
-    std::printf("%s: %s, %llu bytes\n", args[0].c_str(),
-                format ? format->c_str() : "(not a ringtrain file)",
-                static_cast<unsigned long long>(std::filesystem::file_size(args[0])));
-    H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, print_attr, (void*)"  ");
-    H5_CHECK(H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_NATIVE, print_object, nullptr, H5O_INFO_BASIC));
-    if (format && *format == io::kCheckpointFormat) {
-      std::string why;
-      valid = io::validate_checkpoint(args[0], &why);
-      std::printf("valid: %s%s\n",
-                  valid ? "yes (all checksums verified)" : "NO: ", valid ? "" : why.c_str());
-    }
-  });
-  return valid ? 0 : 1;  // scripts can test a checkpoint with `ringtrain inspect FILE`
 }
 
 }  // namespace ringtrain::launch

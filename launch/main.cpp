@@ -30,7 +30,8 @@ const char* kUsage =
     "                                          the network as an ONNX model\n"
     "  convert idx|npy|images|cifar|text ... --out PATH\n"
     "                                          data to a ringtrain dataset (text: byte tokens)\n"
-    "  inspect FILE.h5                         what a dataset or checkpoint holds\n"
+    "  inspect FILE.h5 | --schema              what a dataset or checkpoint holds; the\n"
+    "                                          checkpoint format\n"
     "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";

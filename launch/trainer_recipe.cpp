@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/fault_injection.hpp"
+#include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
 #include "launch/job.hpp"
@@ -78,9 +79,12 @@ void Trainer::save_best(const std::string& metric, double value) {
   {
     io::H5Lock lock;
     io::H5Id f(H5_CHECK(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)));
-    io::write_attr(f, "best_metric", metric);
-    io::write_attr(f, "best_value", value);
-    io::write_attr(f, "best_step", step_);
+    io::CheckpointMeta best;
+    best.best_metric = metric;
+    best.best_value = value;
+    best.best_step = step_;
+    for (const char* name : {"best_metric", "best_value", "best_step"})
+      io::write_checkpoint_attr(f, *io::find_checkpoint_attr("", name), best);
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
   }
   io::fsync_path(tmp);
