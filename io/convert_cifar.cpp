@@ -39,7 +39,9 @@ class CifarSource : public ConvertSource {
     // batches.meta.txt / fine_label_names.txt: one class name per line.
     const fs::path names =
         fs::path(files[0]).parent_path() / (cifar100 ? "fine_label_names.txt" : "batches.meta.txt");
-    std::ifstream in(names);
+    std::error_code ec;
+    std::ifstream in;  // optional; a FIFO of that name would block the read
+    if (fs::is_regular_file(names, ec)) in.open(names);
     for (std::string line; in && std::getline(in, line);)
       if (!line.empty() && line.find_first_not_of(" \r") != std::string::npos)
         info_.class_names.push_back(line.substr(0, line.find_last_not_of(" \r") + 1));

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "io/convert_output.hpp"
 #include "io/tokens.hpp"
 
@@ -133,13 +134,22 @@ std::vector<int64_t> docs_within(const std::vector<int64_t>& starts, int64_t lo,
 }  // namespace
 
 TextConvertResult convert_text(const std::vector<std::string>& inputs, const std::string& out,
-                               int shards, double val_fraction) {
+                               int shards, double val_fraction, uint64_t max_input_bytes) {
   RT_REQUIRE(val_fraction >= 0 && val_fraction < 1, "--val-fraction ", val_fraction,
              " is not valid; expected a fraction in [0, 1), e.g. 0.1");
   const std::vector<std::string> files = expand_text_inputs(inputs);
+  // Sizes first: a FIFO or device (convert text --input /dev/zero) is refused, and a corpus
+  // past the limit is refused before anything is read (each byte becomes a 4-byte token).
+  uint64_t bytes_in = 0;
+  for (const auto& f : files) bytes_in += require_regular_file(f, "--input", "a text file");
+  RT_REQUIRE(bytes_in <= max_input_bytes, "--input: ", files.size(), " file(s) of ", bytes_in,
+             " bytes in all; at most ", max_input_bytes,
+             " bytes are converted at once (about 9 bytes of memory per input byte); raise "
+             "--max-input-mb, or convert the corpus in parts");
   // The byte tokenizer: token = byte value. Empty files add no document.
   std::vector<uint32_t> all;
   std::vector<int64_t> docs;
+  all.reserve(size_t(bytes_in));
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     RT_REQUIRE(in, "--input '", f, "' cannot be read");

@@ -25,6 +25,9 @@ std::vector<std::pair<int64_t, int64_t>> validation_ranges(const std::vector<int
 // The validation file's name for --out PATH: PATH without .h5, then "-val.h5".
 std::string validation_name(const std::string& out);
 
+// --max-input-mb's default: 1 GiB of text (about 9 GiB of memory while converting).
+inline constexpr uint64_t kDefaultMaxTextInputBytes = 1ull << 30;
+
 struct TextConvertResult {
   std::vector<std::string> train_files;
   std::string val_file;  // empty without a validation split
@@ -36,8 +39,10 @@ struct TextConvertResult {
 // datasets) and, when val_fraction > 0, the validation split as one file. Files are written
 // as NAME.tmp and renamed only when all are complete. An empty corpus, a split that leaves
 // either side empty or more shards than tokens are input errors naming the input and the
-// numbers.
+// numbers; so are an input that is not a regular file (a FIFO, /dev/zero) and inputs of more
+// than `max_input_bytes` in all, refused before any is read.
 TextConvertResult convert_text(const std::vector<std::string>& inputs, const std::string& out,
-                               int shards, double val_fraction);
+                               int shards, double val_fraction,
+                               uint64_t max_input_bytes = kDefaultMaxTextInputBytes);
 
 }  // namespace ringtrain::io

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/files.hpp"
+
 namespace ringtrain::io {
 
 namespace {
@@ -63,16 +65,8 @@ void H5Id::reset() {
 }
 
 H5Id open_file_readonly(const std::string& path, const char* role) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  RT_REQUIRE(fs::exists(path, ec), role, " '", path, "' does not exist");
-  RT_REQUIRE(!fs::is_directory(path, ec), role, " '", path,
-             "' is a directory; expected an HDF5 file");
   // A FIFO or device would block H5Fis_hdf5 (and every later read) forever.
-  RT_REQUIRE(fs::is_regular_file(path, ec), role, " '", path,
-             "' is not a regular file; expected an HDF5 file");
-  RT_REQUIRE(access(path.c_str(), R_OK) == 0, role, " '", path,
-             "' cannot be read: ", std::strerror(errno));
+  require_regular_file(path, role, "an HDF5 file");
   RT_REQUIRE(H5Fis_hdf5(path.c_str()) > 0, role, " '", path,
              "' is not an HDF5 file (or is truncated)");
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);

@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 namespace ringtrain::io {
 namespace {
@@ -32,11 +33,20 @@ bool is_jpeg(const uint8_t* d, size_t n) {
 }
 
 std::vector<uint8_t> read_all(const std::string& path) {
+  require_regular_file(path, "image", "a .png or .jpg file");
   std::ifstream in(path, std::ios::binary);
   RT_REQUIRE(in, "image '", path, "' cannot be opened");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   return bytes;
+}
+
+// The size a header declares, checked before any pixel is decoded: the pixels of a
+// 60000 x 60000 PNG of a few hundred bytes would take 10 GiB.
+void require_decodable(uint64_t height, uint64_t width, const std::string& what) {
+  RT_REQUIRE(height * width <= uint64_t(kMaxImagePixels), "image '", what, "' declares ", height,
+             "x", width, " (HxW) pixels; at most ", kMaxImagePixels,
+             " pixels are decoded (the limit); downscale it first");
 }
 
 [[noreturn]] void not_an_image(const std::string& what) {
@@ -53,6 +63,12 @@ Image decode_png(const uint8_t* data, size_t n, int channels, const std::string&
   img.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&img, data, n))
     throw_input(cat("image '", what, "' is not a valid PNG: ", img.message));
+  try {
+    require_decodable(img.height, img.width, what);
+  } catch (...) {
+    png_image_free(&img);
+    throw;
+  }
   img.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
   Image out;
   out.height = img.height;
@@ -136,6 +152,7 @@ Image decode_jpeg(const uint8_t* data, size_t n, int channels, const std::string
     out.height = probe.info.image_height;
     out.width = probe.info.image_width;
   }
+  require_decodable(uint64_t(out.height), uint64_t(out.width), what);
   out.channels = channels;
   out.pixels.resize(size_t(out.height * out.width * channels));
   JpegDecoder d;
@@ -202,12 +219,14 @@ ImageSize probe_image_size(const std::string& path) {
     if (!png_image_begin_read_from_memory(&img, b.data(), b.size()))
       throw_input(cat("image '", path, "' is not a valid PNG: ", img.message));
     png_image_free(&img);
+    require_decodable(img.height, img.width, path);
     return {int64_t(img.height), int64_t(img.width)};
   }
   if (is_jpeg(b.data(), b.size())) {
     JpegDecoder d;
     if (!run_jpeg(d, b.data(), b.size(), 3, nullptr))
       throw_input(cat("image '", path, "' is not a valid JPEG: ", d.err.message));
+    require_decodable(d.info.image_height, d.info.image_width, path);
     return {int64_t(d.info.image_height), int64_t(d.info.image_width)};
   }
   not_an_image(path);

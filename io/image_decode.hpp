@@ -10,6 +10,10 @@
 
 namespace ringtrain::io {
 
+// The most pixels (height x width) an image may declare: 16384 x 16384. A larger one is an
+// input error before it is decoded (docs/data.md, "Limits").
+inline constexpr int64_t kMaxImagePixels = int64_t(1) << 28;
+
 struct Image {
   int64_t height = 0, width = 0, channels = 0;  // channels: 1 (gray) or 3 (RGB)
   std::vector<uint8_t> pixels;                  // [height, width, channels], interleaved

@@ -28,14 +28,14 @@
 namespace ringtrain::launch {
 namespace {
 
-// Parses the options on every rank under agree(); on --help, rank 0 prints the help and
+// Parses the options on every rank under run_and_agree(); on --help, rank 0 prints the help and
 // the command has nothing more to do (returns false).
 template <typename Config>
 bool parse_agreed(bool (*parse)(const std::vector<std::string>&, Config&, std::string*),
                   const std::vector<std::string>& args, Config& cfg, comm::Communicator& comm) {
   std::string help;
   bool run = true;
-  agree(comm, [&] { run = parse(args, cfg, &help); });
+  run_and_agree(comm, [&] { run = parse(args, cfg, &help); });
   if (!run && comm.rank() == 0) std::cout << help;
   return run;
 }
@@ -128,7 +128,7 @@ void print_per_class(const std::vector<ClassFigures>& f, const std::vector<doubl
 // wait for the outcome); prints them and writes a record. Returns rank 0's figures.
 io::BaselineLoss print_baselines(const EvalConfig& cfg, int64_t seq_len, comm::Communicator& comm) {
   io::BaselineLoss b;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     if (comm.rank() != 0) return;
     io::TokenDataset train(cfg.baselines), val(cfg.data);
     const io::NgramCounts counts = io::count_ngrams(train);
@@ -164,7 +164,7 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
                 const TokenInput& lm, const std::string& model_name, comm::Communicator& comm) {
   std::unique_ptr<io::TokenDataset> data;
   int64_t t = 0;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     data = std::make_unique<io::TokenDataset>(cfg.data);
     t = cfg.seq_len ? cfg.seq_len : loaded.model->input_shape().at(0);
     io::require_tokens_fit_model(data->info(), t, lm.vocab, lm.context ? lm.context : t,
@@ -225,7 +225,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   std::vector<std::string> names;
   TokenInput lm;
   std::string model_name;  // for messages: "NAME' of checkpoint 'C"
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     const Device device = choose_device(cfg.device, comm);
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     load_plugins(cfg.plugins);
@@ -303,7 +303,7 @@ int cmd_sample(const std::vector<std::string>& args, comm::Communicator& comm) {
 namespace {
 
 // convert npy|images|cifar: every rank opens the source and reads (decodes) its own slice
-// under agree(), so a bad file or record is one agreed message; the statistics and the
+// under run_and_agree(), so a bad file or record is one agreed message; the statistics and the
 // parallel write are collective.
 int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
                         comm::Communicator& comm) {
@@ -313,7 +313,7 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
   std::vector<int64_t> labels;
   std::vector<double> stats;  // per channel: sums, then sums of squares
   int64_t lo = 0, hi = 0, channels = 1;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     if (comm.rank() == 0) {  // like `mkdir -p`, as convert idx
       const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
       std::error_code ec;
@@ -387,10 +387,10 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
 // (if any) only wait for the outcome.
 int convert_text_on_rank0(const ConvertConfig& cfg, comm::Communicator& comm) {
   const auto t0 = std::chrono::steady_clock::now();
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     if (comm.rank() != 0) return;
-    const io::TextConvertResult r =
-        io::convert_text(cfg.inputs, cfg.out, cfg.shards, cfg.val_fraction);
+    const io::TextConvertResult r = io::convert_text(
+        cfg.inputs, cfg.out, cfg.shards, cfg.val_fraction, uint64_t(cfg.max_input_mb) << 20);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string where = r.train_files.size() == 1
@@ -427,7 +427,7 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
     return 0;
   }
   std::vector<std::string> rest = args;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     RT_REQUIRE(!rest.empty() && (rest[0] == "idx" || rest[0] == "npy" || rest[0] == "images" ||
                                  rest[0] == "cifar" || rest[0] == "text"),
                "ringtrain convert: expected a source format: idx, npy, images, cifar or text, e.g. "
@@ -449,7 +449,7 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
     return convert_in_parallel(format, cfg, comm);
   }
   if (!parse_agreed(parse_convert, rest, cfg, comm)) return 0;
-  agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
+  run_and_agree(comm, [&] {  // one writer; the other ranks (if any) only wait for the outcome
     if (comm.rank() != 0) return;
     // Like `mkdir -p`: the README's first command writes data/train.h5 in a fresh directory.
     const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();

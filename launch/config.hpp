@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "io/convert_text.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
@@ -124,6 +125,7 @@ struct ConvertConfig {
   std::vector<std::string> inputs;  // cifar: batch files, in order; text: files, dirs, globs
   bool cifar100 = false;
   double val_fraction = 0.1;  // text: held out as OUT-val.h5 (0: none)
+  int64_t max_input_mb = int64_t(io::kDefaultMaxTextInputBytes >> 20);  // text: corpus bound
 };
 
 struct PredictConfig {

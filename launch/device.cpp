@@ -59,7 +59,7 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
   // Every rank has its GPU, with the allocator policy of --gpu-memory, before any NCCL call:
   // NCCL's set-up touches the device, which would create its runtime with the default policy.
   Device dev;
-  agree(world, [&] {
+  run_and_agree(world, [&] {
     dev = choose_device(cfg.device, world);
     (void)make_backend(dev, 1, cfg.gpu_memory);
   });

@@ -38,7 +38,7 @@ std::unique_ptr<kernels::Backend> make_backend(Device device, int threads,
 // The communicator `ringtrain train` runs on, or null for `world` itself (cpu with --comm
 // mpi). cpu: hierarchical over MPI. cuda: nccl, hierarchical over NCCL, or mpi staged
 // through host memory (no CUDA-aware MPI assumed). Collective; runs its phases under
-// agree() (the device and its allocator first, so that every rank has its GPU before NCCL
+// run_and_agree() (the device and its allocator first, so that every rank has its GPU before NCCL
 // starts).
 std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& cfg,
                                                             comm::Communicator& world);

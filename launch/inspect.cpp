@@ -171,7 +171,7 @@ int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm) 
     return 0;
   }
   bool valid = true;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     RT_REQUIRE(args.size() == 1,
                "ringtrain inspect: expected one file (usage: ringtrain inspect FILE.h5)");
     if (comm.rank() != 0) return;

@@ -1,5 +1,5 @@
 // MPI session, the rank's placement on its node (local rank, GPU, CPUs: the rules of
-// launch/ringrun), thread defaults and the agree()/fail_job() error policy.
+// launch/ringrun), thread defaults and the run_and_agree()/fail_job() error policy.
 #include "launch/job.hpp"
 
 #include <mpi.h>
@@ -237,7 +237,7 @@ std::string threads_rule(int requested, const comm::Communicator& comm) {
   return threads_and_rule(requested, comm).second;
 }
 
-void agree(comm::Communicator& comm, const std::function<void()>& fn) {
+void run_and_agree(comm::Communicator& comm, const std::function<void()>& fn) {
   int code = 0;
   std::string message;
   try {
@@ -250,20 +250,23 @@ void agree(comm::Communicator& comm, const std::function<void()>& fn) {
     code = 2;
     message = cat("unexpected failure: ", e.what());
   }
-  // [highest code, size - lowest failing rank]: one max-allreduce answers both.
-  int64_t v[2] = {code, code ? comm.size() - comm.rank() : 0};
-  comm.allreduce(v, 2, DType::i64, comm::ReduceOp::max);
-  if (v[0] == 0) return;
-  if (code && comm.size() - comm.rank() == v[1]) {
+  // One failure is reported: the highest exit code and, among the ranks that failed with
+  // it, the lowest. One max-allreduce of code * (size + 1) + (size - rank) picks both, so
+  // the message printed is always the one whose code is returned.
+  const int64_t size = comm.size();
+  int64_t v = code ? code * (size + 1) + (size - comm.rank()) : 0;
+  comm.allreduce(&v, 1, DType::i64, comm::ReduceOp::max);
+  if (v == 0) return;
+  const int agreed = int(v / (size + 1));
+  if (comm.rank() == size - v % (size + 1)) {
     // One write per message: through mpirun, pieces of a line could interleave with stdout.
     std::cerr << cat("ringtrain: error: ", message,
-                     comm.size() > 1 && code == 2
-                         ? cat(" [rank ", comm.rank(), " on ", hostname(), "]")
-                         : std::string(),
+                     size > 1 && code == 2 ? cat(" [rank ", comm.rank(), " on ", hostname(), "]")
+                                           : std::string(),
                      "\n")
               << std::flush;
   }
-  throw JobExit{int(v[0])};
+  throw JobExit{agreed};
 }
 
 void fail_job(int code, const std::string& message) {

@@ -1,6 +1,6 @@
 // What a launched process knows about its job (rank, node, host, threads), MPI start-up
 // and shut-down, and the one error policy of launch/ (docs/architecture.md, "When a rank
-// fails"): a phase without collectives runs under agree(), so that when any rank fails, one
+// fails"): a phase without collectives runs under run_and_agree(), so that when any rank fails, one
 // rank prints the message and every rank exits with the same code; an error anywhere else
 // (inside the training loop, evaluation, a checkpoint save) goes to fail_job() on the rank
 // that saw it, which tells the other ranks over the control channel and ends the job with
@@ -17,7 +17,7 @@
 
 namespace ringtrain::launch {
 
-// Thrown on every rank after agree() found a failure; main() exits with `code`.
+// Thrown on every rank after run_and_agree() found a failure; main() exits with `code`.
 struct JobExit {
   int code;
 };
@@ -77,11 +77,12 @@ int threads_for_rank(int requested, const comm::Communicator& comm);
 std::string threads_rule(int requested, const comm::Communicator& comm);
 
 // Runs `fn` on every rank, then agrees on the outcome with one collective. On any failure
-// the lowest failing rank prints "ringtrain: error: <message>" to stderr and all ranks throw
-// JobExit with the highest exit code seen (1 = bad input, 2 = runtime failure). `fn` must
+// all ranks throw JobExit with the highest exit code seen (1 = bad input, 2 = runtime
+// failure), and the lowest rank that failed with that code prints its
+// "ringtrain: error: <message>" to stderr: the message shown is the cause of the code. `fn` must
 // not run collectives (a comm::LocalPhase is active; the MPI communicator refuses them):
 // a rank that failed before one would pair its agreement with the others' collective.
-void agree(comm::Communicator& comm, const std::function<void()>& fn);
+void run_and_agree(comm::Communicator& comm, const std::function<void()>& fn);
 
 // Ends the whole job because of an error on this rank: through the control channel (one
 // rank prints, every rank ends within seconds, exit code `code`), else print + MPI_Abort.

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
-    agree(world, [&] {
+    run_and_agree(world, [&] {
       throw_input(cat("unknown command '", command,
                       "'; expected train, eval, predict, sample, export, convert, "
                       "inspect, model or --version"));

@@ -109,7 +109,7 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
   ModelShowConfig c;
   std::string precision = "fp32";
   bool help = false;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     RT_REQUIRE(!args.empty() && args[0] == "show",
                "ringtrain model: expected a subcommand: `ringtrain model show FILE|NAME "
                "[--input C,H,W]`",

@@ -23,7 +23,7 @@ namespace ringtrain::launch {
 // dlopen() returns: register_plugin_ops). Input error naming the file and the reason when
 // one cannot be loaded (dlerror()), registers no op, registers a name that is taken, or was
 // built against another ringtrain. Loading one twice is harmless. No collectives: callers
-// run it under agree(), so a plugin failing on one rank ends every rank with one message.
+// run it under run_and_agree(), so a plugin failing on one rank ends every rank with one message.
 void load_plugins(const std::vector<std::string>& libs);
 
 // The plugin libraries the model's ops come from, one "OP=LIBRARY" line per op, sorted
@@ -67,7 +67,7 @@ struct LoadedModel {
 // parameters and buffers (through host copies on a GPU); the working copy is refreshed.
 // Input error naming the op and the library when an op of a plugin the checkpoint records
 // (attribute `plugins`) is not loaded.
-// Input errors name the checkpoint. No collectives (runs under agree()).
+// Input errors name the checkpoint. No collectives (runs under run_and_agree()).
 LoadedModel load_model_from_checkpoint(const std::string& checkpoint, DType precision,
                                        Device device, kernels::Backend& backend);
 

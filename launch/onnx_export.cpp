@@ -187,17 +187,17 @@ int cmd_export(const std::vector<std::string>& args, comm::Communicator& comm) {
   ExportConfig cfg;
   std::string help;
   bool run = true;
-  agree(comm, [&] { run = parse_export(args, cfg, &help); });
+  run_and_agree(comm, [&] { run = parse_export(args, cfg, &help); });
   if (!run) {
     if (comm.rank() == 0) std::cout << help;
     return 0;
   }
   onnx::ModelProto model;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     model = export_onnx(cfg.checkpoint);
     maybe_inject_fault("export");
   });
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     if (comm.rank() != 0) return;
     const fs::path parent = fs::path(cfg.out).parent_path();  // like `mkdir -p`
     std::error_code ec;

@@ -92,9 +92,12 @@ bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& c, 
   // clang-format off
   in.add_options()
       ("input", po::value(&c.inputs)->required()->multitoken(), "text files, directories (all files below) or globs (** matches any directories), one document per file, in the order given")
-      ("val-fraction", value_or_default(&c.val_fraction), "held out as OUT-val.h5: every (1/F)-th document (or the last F of a corpus of fewer than 1/F documents); 0: none");
+      ("val-fraction", value_or_default(&c.val_fraction), "held out as OUT-val.h5: every (1/F)-th document (or the last F of a corpus of fewer than 1/F documents); 0: none")
+      ("max-input-mb", value_or_default(&c.max_input_mb), "refuse inputs of more than M MiB in all, before reading any (converting takes about 9 bytes of memory per input byte)");
   // clang-format on
   if (!parse_convert_format("convert text", in, args, c, help)) return false;
+  RT_REQUIRE(c.max_input_mb >= 1 && c.max_input_mb <= (int64_t(1) << 40), "--max-input-mb ",
+             c.max_input_mb, " is not valid; expected 1 to 1099511627776 (MiB)");
   RT_REQUIRE(c.val_fraction >= 0 && c.val_fraction < 1, "--val-fraction ", c.val_fraction,
              " is not valid; expected a fraction in [0, 1), e.g. 0.1");
   return true;

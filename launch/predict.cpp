@@ -1,5 +1,5 @@
 // `ringtrain predict` (see predict.hpp). Setup (model, data, output directory) runs under
-// agree(); the forward passes and the writing have collectives (the parallel HDF5 file,
+// run_and_agree(); the forward passes and the writing have collectives (the parallel HDF5 file,
 // the gather) and run under run_or_fail(). The output appears under its name only when it
 // is complete: it is written as OUT.tmp and renamed; on an error the .tmp is removed.
 #include "launch/predict.hpp"
@@ -175,7 +175,7 @@ void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicat
 
 int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
   PredictSetup s;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     const auto ends_with = [&](const char* ext) {
       const std::string e = ext;
       return cfg.out.size() > e.size() &&

@@ -60,7 +60,7 @@ int run_sample(const SampleConfig& cfg, comm::Communicator& comm) {
   std::unique_ptr<kernels::Backend> backend;
   LoadedModel loaded;
   int64_t window = 0;
-  agree(comm, [&] {
+  run_and_agree(comm, [&] {
     const Device device = choose_device(cfg.device, comm);
     backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     load_plugins(cfg.plugins);

@@ -316,7 +316,7 @@ int Trainer::run() {
     if (out.stop) {            // a rank got a stop signal: all stop here, at the same step
       finish_weight_gather();
       if (cfg_.checkpoint_dir.empty()) {
-        agree(comm_, [&] {
+        run_and_agree(comm_, [&] {
           throw Error(ErrorKind::runtime, cat("stopped by a signal at step ", step_,
                                               "; nothing was saved (no --checkpoint-dir)"));
         });
@@ -348,7 +348,7 @@ int Trainer::run() {
 }
 
 void Trainer::finish_timeline() {
-  const std::string path = timeline_.write(comm_.mpi());  // collective: not under agree()
+  const std::string path = timeline_.write(comm_.mpi());  // collective: not under run_and_agree()
   if (!path.empty()) say(cat("timeline of steps ", cfg_.timeline_steps, " written to ", path));
 }
 

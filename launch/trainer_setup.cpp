@@ -17,21 +17,21 @@
 namespace ringtrain::launch {
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
-  agree(comm_, [&] { setup(); });
-  agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
+  run_and_agree(comm_, [&] { setup(); });
+  run_and_agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
   if (!cfg_.timeline.empty()) {
     const auto [a, b] = parse_step_window(cfg_.timeline_steps);
     timeline_ = Timeline(comm_.mpi(), cfg_.timeline, a, b);
   }
   std::string path;
-  agree(comm_, [&] {
+  run_and_agree(comm_, [&] {
     if (comm_.rank() == 0) path = choose_checkpoint();
   });
   int64_t len = int64_t(path.size());  // rank 0 tells the others which file (if any)
   comm_.broadcast(&len, 1, DType::i64, 0);
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
-  agree(comm_, [&] { start_from(path); });
+  run_and_agree(comm_, [&] { start_from(path); });
   strategy_->start_weights(!path.empty());  // collective
   if (path.empty()) sync_buffers();
   add_observers();

@@ -1,9 +1,12 @@
 // A recursive-descent evaluator for model-file expressions (grammar in nn/expr.hpp).
 #include "nn/expr.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "core/error.hpp"
 
@@ -31,6 +34,31 @@ std::string ExprValue::str() const {
 
 namespace {
 
+// Parentheses, unary operators, conditionals and calls nest by recursion: a bound keeps a
+// hostile file (200,000 '(') from overflowing the stack. Real expressions nest a few levels.
+constexpr int kMaxDepth = 100;
+
+// Integer arithmetic is checked: an int64 result that does not fit is an error, never a
+// wrapped value (a layer of 16 units from `pow(2, 64) + 16`), and INT64_MIN / -1 is never
+// executed (it raises SIGFPE).
+bool checked(char op, int64_t a, int64_t b, int64_t& r) {
+  switch (op) {
+    case '+':
+      return !__builtin_add_overflow(a, b, &r);
+    case '-':
+      return !__builtin_sub_overflow(a, b, &r);
+    case '*':
+      return !__builtin_mul_overflow(a, b, &r);
+    case '/':
+      if (a == std::numeric_limits<int64_t>::min() && b == -1) return false;
+      r = a / b;
+      return true;
+    default:  // '%': x % -1 is 0 for every x (INT64_MIN % -1 would trap)
+      r = b == -1 ? 0 : a % b;
+      return true;
+  }
+}
+
 class Parser {
  public:
   Parser(const std::string& t, const ExprScope& s) : t_(t), scope_(s) {}
@@ -38,14 +66,29 @@ class Parser {
   ExprValue run() {
     ExprValue v = ternary();
     skip();
-    if (at_ < t_.size()) fail(cat("unexpected '", t_.substr(at_), "'"));
+    if (at_ < t_.size()) fail(cat("unexpected '", t_.substr(at_, 40), "'"));
     return v;
   }
 
  private:
-  [[noreturn]] void fail(const std::string& why) const {
-    throw_input(cat("expression '", t_, "': ", why));
+  // The expression as messages quote it: a hostile one may be megabytes long.
+  std::string shown() const {
+    if (t_.size() <= 120) return t_;
+    return cat(t_.substr(0, 100), "... (", t_.size(), " characters)");
   }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw_input(cat("expression '", shown(), "': ", why));
+  }
+  // Counts one level of nesting for as long as it lives.
+  struct Nest {
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxDepth)
+        p_.fail(cat("nested deeper than ", kMaxDepth, " levels (parentheses, unary operators, ",
+                    "conditionals and calls); split it with vars"));
+    }
+    ~Nest() { --p_.depth_; }
+    Parser& p_;
+  };
   void skip() {
     while (at_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[at_]))) ++at_;
   }
@@ -74,6 +117,7 @@ class Parser {
   }
 
   ExprValue ternary() {
+    const Nest nest(*this);
     ExprValue c = logic_or();
     if (!eat("?")) return c;
     ExprValue a = ternary();
@@ -107,34 +151,33 @@ class Parser {
         if (o != "==" && o != "!=") fail("strings compare only with == and !=");
         return ExprValue::of(int64_t((a.str() == b.str()) == (o == "==")));
       }
-      const double x = num(a, op), y = num(b, op);
-      const bool r = o == "=="   ? x == y
-                     : o == "!=" ? x != y
-                     : o == "<=" ? x <= y
-                     : o == ">=" ? x >= y
-                     : o == "<"  ? x < y
-                                 : x > y;
-      return ExprValue::of(int64_t(r));
+      if (a.kind == ExprValue::Kind::integer && b.kind == ExprValue::Kind::integer)
+        return ExprValue::of(int64_t(holds(o, a.i, b.i)));
+      return ExprValue::of(int64_t(holds(o, num(a, op), num(b, op))));
     }
     return a;
+  }
+  // Integers compare exactly (as doubles, 2^53 + 1 == 2^53), mixed ones as doubles.
+  template <typename T>
+  static bool holds(const std::string& o, T x, T y) {
+    if (o == "==") return x == y;
+    if (o == "!=") return x != y;
+    if (o == "<=") return x <= y;
+    if (o == ">=") return x >= y;
+    if (o == "<") return x < y;
+    return x > y;
   }
   static ExprValue arith(const ExprValue& a, const ExprValue& b, char op, const Parser& p) {
     if (!a.is_number() || !b.is_number())
       p.fail(cat("'", op, "' needs numbers, got '", a.str(), "' and '", b.str(), "'"));
     if (a.kind == ExprValue::Kind::integer && b.kind == ExprValue::Kind::integer) {
       if ((op == '/' || op == '%') && b.i == 0) p.fail("division by zero");
-      switch (op) {
-        case '+':
-          return ExprValue::of(a.i + b.i);
-        case '-':
-          return ExprValue::of(a.i - b.i);
-        case '*':
-          return ExprValue::of(a.i * b.i);
-        case '/':
-          return ExprValue::of(a.i / b.i);
-        default:
-          return ExprValue::of(a.i % b.i);
-      }
+      int64_t r = 0;
+      if (!checked(op, a.i, b.i, r))
+        p.fail(cat("integer overflow: ", a.i, " ", op, " ", b.i,
+                   " is outside the 64-bit integer range; write a real (2.0, not 2) for a "
+                   "large value"));
+      return ExprValue::of(r);
     }
     const double x = a.number(), y = b.number();
     switch (op) {
@@ -175,9 +218,33 @@ class Parser {
     }
   }
   ExprValue unary() {
-    if (eat("-")) return arith(ExprValue::of(int64_t(0)), unary(), '-', *this);
-    if (eat("!")) return ExprValue::of(int64_t(!truth(unary())));
+    if (eat("-")) {
+      const Nest nest(*this);
+      const ExprValue v = unary();
+      if (v.kind == ExprValue::Kind::real) return ExprValue::of_real(-v.d);
+      return arith(ExprValue::of(int64_t(0)), v, '-', *this);
+    }
+    if (eat("!")) {
+      const Nest nest(*this);
+      return ExprValue::of(int64_t(!truth(unary())));
+    }
     return primary();
+  }
+  // base^exp by squaring: log2(exp) steps, each multiplication checked.
+  int64_t int_pow(const int64_t base, const int64_t exponent) const {
+    int64_t r = 1, b = base, exp = exponent;
+    const auto overflow = [&] {
+      fail(cat("integer overflow: pow(", base, ", ", exponent,
+               ") is outside the 64-bit integer range; write a real (pow(", base, ".0, ", exponent,
+               ")) for a large value"));
+    };
+    while (true) {
+      if ((exp & 1) && __builtin_mul_overflow(r, b, &r)) overflow();
+      exp >>= 1;
+      if (exp == 0) return r;
+      // The result still takes a factor (b*b)^exp with exp >= 1: if b*b overflows, so does it.
+      if (__builtin_mul_overflow(b, b, &b)) overflow();
+    }
   }
   ExprValue call(const std::string& f, const std::vector<ExprValue>& args) {
     auto need = [&](size_t n) {
@@ -193,15 +260,17 @@ class Parser {
       need(2);
       if (args[0].kind == ExprValue::Kind::integer && args[1].kind == ExprValue::Kind::integer &&
           args[1].i >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < args[1].i; ++k) r *= args[0].i;
-        return ExprValue::of(r);
+        return ExprValue::of(int_pow(args[0].i, args[1].i));
       }
       return ExprValue::of_real(std::pow(num(args[0], "pow"), num(args[1], "pow")));
     }
     if (f == "min" || f == "max") {
       need(2);
-      const bool first = (num(args[0], f.c_str()) < num(args[1], f.c_str())) == (f == "min");
+      const bool ints =
+          args[0].kind == ExprValue::Kind::integer && args[1].kind == ExprValue::Kind::integer;
+      const bool less =
+          ints ? args[0].i < args[1].i : num(args[0], f.c_str()) < num(args[1], f.c_str());
+      const bool first = less == (f == "min");
       return first ? args[0] : args[1];
     }
     fail(cat("unknown function '", f, "' (expected len, pow, min or max)"));
@@ -223,23 +292,30 @@ class Parser {
       return ExprValue::of(std::move(s));
     }
     if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
-      size_t used = 0;
-      const std::string rest = t_.substr(at_);
-      const size_t int_len = rest.find_first_not_of("0123456789");
-      const bool real = int_len != std::string::npos &&
-                        (rest[int_len] == '.' || rest[int_len] == 'e' || rest[int_len] == 'E');
-      try {
-        if (real) {
-          const double v = std::stod(rest, &used);
-          at_ += used;
-          return ExprValue::of_real(v);
-        }
-        const int64_t v = std::stoll(rest, &used);
-        at_ += used;
-        return ExprValue::of(v);
-      } catch (const std::exception&) {
-        fail(cat("bad number at '", rest, "'"));
+      // Parsed in place: copying the rest of the text per number is quadratic in its length.
+      const char* first = t_.data() + at_;
+      const char* last = t_.data() + t_.size();
+      const size_t int_end = t_.find_first_not_of("0123456789", at_);
+      const bool real = int_end != std::string::npos &&
+                        (t_[int_end] == '.' || t_[int_end] == 'e' || t_[int_end] == 'E');
+      const std::string text = t_.substr(at_, std::min<size_t>(32, t_.size() - at_));
+      std::from_chars_result got;
+      ExprValue v;
+      if (real) {
+        double d = 0;
+        got = std::from_chars(first, last, d);
+        v = ExprValue::of_real(d);
+      } else {
+        int64_t i = 0;
+        got = std::from_chars(first, last, i);
+        v = ExprValue::of(i);
       }
+      if (got.ec == std::errc::result_out_of_range)
+        fail(cat("the number at '", text, "' is out of range",
+                 real ? "" : " (integers are 64-bit: at most 9223372036854775807)"));
+      if (got.ec != std::errc() || got.ptr == first) fail(cat("bad number at '", text, "'"));
+      at_ += size_t(got.ptr - first);
+      return v;
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t end = at_;
@@ -265,12 +341,13 @@ class Parser {
       }
       return it->second;
     }
-    fail(cat("unexpected '", t_.substr(at_), "'"));
+    fail(cat("unexpected '", t_.substr(at_, 40), "'"));
   }
 
   const std::string& t_;
   const ExprScope& scope_;
   size_t at_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

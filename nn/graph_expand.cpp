@@ -3,6 +3,9 @@
 #include "nn/graph_expand.hpp"
 
 #include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <optional>
 #include <set>
 
 #include "core/error.hpp"
@@ -70,10 +73,18 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
                     "' (its fields: ", fields.empty() ? "none" : fields, ")"));
   }
   const gp::Reflection* r = op->GetReflection();
+  // A real converts only when it is a whole number in range (casting 1e30 is undefined).
   auto integer = [&]() -> int64_t {
     if (v.kind == ExprValue::Kind::integer) return v.i;
-    if (v.kind == ExprValue::Kind::real && v.d == double(int64_t(v.d))) return int64_t(v.d);
+    if (v.kind == ExprValue::Kind::real && v.d >= -0x1p63 && v.d < 0x1p63 && v.d == std::trunc(v.d))
+      return int64_t(v.d);
     throw_input(cat("set: field '", set.field(), "' needs an integer, got '", v.str(), "'"));
+  };
+  auto int32 = [&]() -> int32_t {
+    const int64_t x = integer();
+    RT_REQUIRE(x >= INT32_MIN && x <= INT32_MAX, "set: field '", set.field(), "' is 32-bit; ", x,
+               " does not fit");
+    return int32_t(x);
   };
   auto number = [&]() -> double {
     RT_REQUIRE(v.is_number(), "set: field '", set.field(), "' needs a number, got '", v.str(), "'");
@@ -92,7 +103,7 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
       r->SetInt64(op, fd, integer());
       break;
     case gp::FieldDescriptor::CPPTYPE_INT32:
-      r->SetInt32(op, fd, int32_t(integer()));
+      r->SetInt32(op, fd, int32());
       break;
     case gp::FieldDescriptor::CPPTYPE_DOUBLE:
       r->SetDouble(op, fd, number());
@@ -109,7 +120,7 @@ void apply_set(pb::Node& node, const pb::Set& set, const ExprScope& scope) {
     case gp::FieldDescriptor::CPPTYPE_ENUM: {
       const gp::EnumValueDescriptor* e = v.kind == ExprValue::Kind::string
                                              ? fd->enum_type()->FindValueByName(upper(v.s))
-                                             : fd->enum_type()->FindValueByNumber(int(integer()));
+                                             : fd->enum_type()->FindValueByNumber(int32());
       if (!e) {
         std::string names;
         for (int i = 0; i < fd->enum_type()->value_count(); ++i)
@@ -129,19 +140,24 @@ class Expander {
  public:
   explicit Expander(const ModelFile& f) : f_(f) {}
 
-  // Expands `nodes` in `scope`; returns the reference to the last output.
-  Ref expand(const gp::RepeatedPtrField<pb::Node>& nodes, const ExprScope& scope,
+  // Expands `nodes` in `scope` (a repeat sets its counter in it while its body expands);
+  // returns the reference to the last output.
+  Ref expand(const gp::RepeatedPtrField<pb::Node>& nodes, ExprScope& scope,
              const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev) {
     for (const pb::Node& node : nodes) {
       const std::string loc = f_.where(node);
       std::string shown = node.name();
+      if (++visited_ > kMaxExpandedNodes)
+        fail_at(loc, shown,
+                cat("the model has more than ", kMaxExpandedNodes,
+                    " nodes after expansion (the limit; nested repeats multiply their counts)"));
       try {
         if (!node.when().empty() && !truth(eval_expr(node.when(), scope))) continue;
         shown = prefixes.back() + expand_template(node.name(), scope);
       } catch (const Error& e) {
         fail_at(f_.where(node, node.when().empty() ? "name" : "when"), shown, e.what());
       }
-      auto def = std::make_shared<pb::Node>(node);
+      auto def = std::make_shared<pb::Node>(node.has_repeat() ? head_of(node) : node);
       for (int k = 0; k < node.set_size(); ++k) {
         try {
           apply_set(*def, node.set(k), scope);
@@ -166,12 +182,7 @@ class Expander {
       Raw raw{shown, def, &node, {}};
       if (node.input_size() == 0) raw.refs.push_back(prev);
       for (int k = 0; k < node.input_size(); ++k) {
-        std::string t;
-        try {
-          t = expand_template(node.input(k), scope);
-        } catch (const Error& e) {
-          fail_at(f_.where(node, "input", k), shown, e.what());
-        }
+        const std::string t = expand_at(node.input(k), scope, f_.where(node, "input", k), shown);
         raw.refs.push_back(t == "input" ? scope_in : Ref{false, t, prefixes, ""});
       }
       def->clear_input();
@@ -190,10 +201,35 @@ class Expander {
     return v.number() != 0;
   }
 
-  Ref expand_repeat(const pb::Node& node, const pb::Node& def, const ExprScope& scope,
+  // expand_template, its errors located at `loc` (the field the template is in).
+  std::string expand_at(const std::string& text, const ExprScope& scope, const std::string& loc,
+                        const std::string& shown) {
+    try {
+      return expand_template(text, scope);
+    } catch (const Error& e) {
+      fail_at(loc, shown, e.what());
+    }
+  }
+
+  // A repeat node without its body, copied once per node of the file: the body is read
+  // from the file's node, and copying it at every visit would cost its size each time.
+  const pb::Node& head_of(const pb::Node& node) {
+    std::unique_ptr<pb::Node>& h = heads_[&node];
+    if (!h) {
+      h = std::make_unique<pb::Node>(node);
+      h->mutable_repeat()->clear_node();
+    }
+    return *h;
+  }
+
+  Ref expand_repeat(const pb::Node& node, const pb::Node& def, ExprScope& scope,
                     const std::vector<std::string>& prefixes, const Ref& scope_in, Ref prev,
                     const std::string& shown) {
     const pb::Repeat& r = def.repeat();
+    if (prefixes.size() > kMaxRepeatNesting)
+      fail_at(f_.where(node), shown,
+              cat("repeat: nested ", prefixes.size(), " deep; at most ", kMaxRepeatNesting,
+                  " repeats may nest (the limit)"));
     std::vector<int64_t> items;
     int64_t count = r.count();
     if (!r.over().empty()) {
@@ -201,35 +237,56 @@ class Expander {
       if (it == scope.end() || it->second.kind != ExprValue::Kind::list)
         fail_at(f_.where(node.repeat(), "over"), shown,
                 cat("repeat: over '", r.over(), "' is not an int_list var of this model"));
-      items = it->second.list;
-      count = int64_t(items.size());
+      count = int64_t(it->second.list.size());
+      if (count <= 100000) items = it->second.list;
     }
     if (count < 0 || count > 100000)
       fail_at(f_.where(node), shown,
               cat("repeat: count ", count, " is not valid; expected 0 to 100000"));
+    const int64_t body = node.repeat().node_size();
+    if (body > 0 && visited_ + count * body > kMaxExpandedNodes)
+      fail_at(f_.where(node), shown,
+              cat("repeat: ", count, " iterations of ", body, " node(s) would take the model past ",
+                  kMaxExpandedNodes,
+                  " nodes after expansion (the limit; nested repeats multiply their counts)"));
+    int64_t last = 0;
+    if (count > 0 && __builtin_add_overflow(r.start(), count - 1, &last))
+      fail_at(f_.where(node), shown,
+              cat("repeat: start ", r.start(), " + count ", count, " overflows a 64-bit integer"));
     if (node.input_size() > 1)
       fail_at(f_.where(node, "input", 1), shown, "a repeat takes one input");
     Ref in = prev;
     if (node.input_size() == 1) {
-      const std::string t = expand_template(node.input(0), scope);
+      const std::string t = expand_at(node.input(0), scope, f_.where(node, "input", 0), shown);
       in = t == "input" ? scope_in : Ref{false, t, prefixes, ""};
     }
     const std::string index = r.index().empty() ? "i" : r.index();
+    // The counter (and `item`) shadow any outer value while the body expands; restored after.
+    std::map<std::string, std::optional<ExprValue>> saved;
+    for (const std::string& name : {index, std::string("item")}) {
+      auto it = scope.find(name);
+      saved[name] = it == scope.end() ? std::nullopt : std::optional<ExprValue>(it->second);
+    }
     for (int64_t k = 0; k < count; ++k) {
-      ExprScope s = scope;
-      s[index] = ExprValue::of(r.start() + k);
-      if (!items.empty()) s["item"] = ExprValue::of(items[size_t(k)]);
-      std::string p;
-      try {
-        p = prefixes.back() + expand_template(r.prefix(), s);
-      } catch (const Error& e) {
-        fail_at(f_.where(node.repeat(), "prefix"), shown, e.what());
-      }
+      scope[index] = ExprValue::of(r.start() + k);
+      if (!items.empty()) scope["item"] = ExprValue::of(items[size_t(k)]);
+      const std::string p =
+          prefixes.back() + expand_at(r.prefix(), scope, f_.where(node.repeat(), "prefix"), shown);
       std::vector<std::string> inner = prefixes;
       inner.push_back(p);
-      Ref out = expand(node.repeat().node(), s, inner, in, in);
-      if (!r.output().empty()) out = Ref{false, "", {}, p + expand_template(r.output(), s)};
+      Ref out = expand(node.repeat().node(), scope, inner, in, in);
+      if (!r.output().empty())
+        out = Ref{false,
+                  "",
+                  {},
+                  p + expand_at(r.output(), scope, f_.where(node.repeat(), "output"), shown)};
       in = out;
+    }
+    for (auto& [name, value] : saved) {
+      if (value)
+        scope[name] = *value;
+      else
+        scope.erase(name);
     }
     if (!node.name().empty()) aliases_[shown] = in;
     return in;
@@ -239,6 +296,8 @@ class Expander {
   std::vector<Raw> raws_;
   std::set<std::string> names_;
   std::map<std::string, Ref> aliases_;
+  std::map<const pb::Node*, std::unique_ptr<pb::Node>> heads_;
+  int64_t visited_ = 0;
 };
 
 }  // namespace
@@ -246,7 +305,8 @@ class Expander {
 Expansion expand_nodes(const ModelFile& file) {
   Expander ex(file);
   const Ref input{true, "input", {}, ""};
-  ex.expand(file.def().node(), file.scope(), {""}, input, input);
+  ExprScope scope = file.scope();
+  ex.expand(file.def().node(), scope, {""}, input, input);
   return Expansion{std::move(ex.raws()), ex.aliases()};
 }
 

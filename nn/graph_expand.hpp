@@ -39,6 +39,13 @@ struct Expansion {
   std::vector<Raw> raws;               // every node, in file order after expansion
   std::map<std::string, Ref> aliases;  // a named repeat: the reference to its last output
 };
+// Bounds on the work a model file can ask for, checked before the work is done
+// (docs/models.md, "Limits"): repeats nested deeper than kMaxRepeatNesting, and more than
+// kMaxExpandedNodes nodes visited while expanding (every iteration's body nodes, those a
+// `when` drops included), are input errors naming the limit.
+inline constexpr size_t kMaxRepeatNesting = 16;
+inline constexpr int64_t kMaxExpandedNodes = 200000;
+
 // Expands every node of the file; errors name FILE:LINE:COLUMN and the node.
 Expansion expand_nodes(const ModelFile& file);
 

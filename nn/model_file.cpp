@@ -10,6 +10,7 @@
 
 #include <google/protobuf/io/tokenizer.h>
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 #include "ringtrain/model.pb.h"
 
@@ -38,15 +39,21 @@ class FirstError : public gp::io::ErrorCollector {
 };
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
   RT_REQUIRE(
-      in, "--model '", path, "' is neither a built-in model (",
+      std::filesystem::exists(path, ec), "--model '", path, "' is neither a built-in model (",
       [] {
         std::string s;
         for (const auto& n : ModelFile::builtin_models()) s += (s.empty() ? "" : ", ") + n;
         return s;
       }(),
       ") nor a readable model file");
+  // A FIFO or device would block or never end; a huge file is not a model.
+  const uint64_t size = require_regular_file(path, "--model", "a model file (.pbtxt)");
+  RT_REQUIRE(size <= kMaxModelFileBytes, "--model '", path, "' is ", size,
+             " bytes; a model file may have at most ", kMaxModelFileBytes, " (the limit)");
+  std::ifstream in(path, std::ios::binary);
+  RT_REQUIRE(in, "--model '", path, "' cannot be opened");
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -89,6 +96,9 @@ ModelFile ModelFile::parse(const std::string& text, const std::string& origin) {
   gp::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   parser.WriteLocationsTo(f.tree_.get());
+  // Messages nest by recursion in the parser (and in everything that walks the model):
+  // bounded, so that thousands of nested repeats are an error, not a stack overflow.
+  parser.SetRecursionLimit(kMaxMessageNesting);
   if (!parser.ParseFromString(text, f.def_.get()))
     throw_input(errors.error().empty() ? cat(origin, ": not a valid model file") : errors.error());
   f.locs_[f.def_.get()] = {f.tree_.get(), 0, 0};

@@ -4,6 +4,7 @@
 // checkpoints store. Built-in names (mlp, cnn, resnet) are the shipped models/*.pbtxt.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,11 @@ namespace pb {
 class Model;
 class Node;
 }  // namespace pb
+
+// Bounds on a model file (docs/models.md, "Limits"): its size on disk, and how deeply its
+// messages nest (a repeat's body is two levels below the repeat's node).
+inline constexpr uint64_t kMaxModelFileBytes = 64ull << 20;
+inline constexpr int kMaxMessageNesting = 100;
 
 class ModelFile {
  public:

@@ -148,7 +148,7 @@ MpiCommunicator::~MpiCommunicator() {
 namespace {
 void require_not_local_phase(const char* what) {
   RT_CHECK(!LocalPhase::active(), "MPI ", what,
-           " inside a phase agreed by launch::agree(); collectives belong outside it");
+           " inside a phase agreed by launch::run_and_agree(); collectives belong outside it");
 }
 }  // namespace
 

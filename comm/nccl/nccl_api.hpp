@@ -14,8 +14,8 @@ namespace ringtrain::comm {
 
 // --comm nccl: collectives on device buffers run through NCCL on a dedicated stream that
 // waits (by event) for the work queued on the device's compute stream; host buffers (the
-// per-step metrics, agree()'s flags) go through MPI. Collective over `comm`; the NCCL unique
-// id is broadcast over MPI. `device` is this rank's GPU.
+// per-step metrics, run_and_agree()'s flags) go through MPI. Collective over `comm`; the NCCL
+// unique id is broadcast over MPI. `device` is this rank's GPU.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, int device);
 // --comm hierarchical on GPUs: the reduce-scatter / cross-node allreduce / allgather of
 // comm/hierarchical with NCCL inside the node and NCCL across nodes.

@@ -11,15 +11,31 @@ unset OMP_NUM_THREADS RINGTRAIN_TEST_FAIL RINGTRAIN_TEST_STALL
 
 errors_in() { grep -c '^ringtrain: error:' "$1" || true; }
 
+# Another job running the same binary must not count as a rank left over by this test's
+# jobs: a stand-in whose command line starts with the binary's path runs throughout.
+bash -c 'exec -a "$0" sleep 600' "$BIN" &
+decoy=$!
+trap 'kill "$decoy" 2>/dev/null || true' EXIT
+# The leftover check sees this test's own processes: a tagged one is found, the decoy not.
+tag=$(job_tag)
+E2E_JOB=$tag sleep 60 &
+probe=$!
+found=$(job_pids "$tag")
+[[ $found == "$probe" ]] || fail "job_pids found '$found' for a process of pid $probe"
+kill "$probe"
+wait "$probe" 2>/dev/null || [[ $? -eq 143 ]] || fail "the tagged probe did not end by SIGTERM"
+
 # run_case LABEL EXPECTED_RC PATTERN N [mpirun/ringtrain args...]: runs, then checks the exit
-# code, one error line matching PATTERN, time to exit, and that no rank is left running.
+# code, one error line matching PATTERN, time to exit, and that no process of the job (found
+# by its tag, see lib.sh) is left running.
 table=()
 run_case() {
   local label=$1 want=$2 pattern=$3 n=$4
   shift 4
-  local start end rc=0
+  local start end rc=0 tag
+  tag=$(job_tag)
   start=$(date +%s.%N)
-  timeout 60 mpirun -n "$n" "$@" >"$dir/$label.out" 2>"$dir/$label.err" || rc=$?
+  E2E_JOB=$tag timeout 60 mpirun -n "$n" "$@" >"$dir/$label.out" 2>"$dir/$label.err" || rc=$?
   end=$(date +%s.%N)
   local took
   took=$(printf '%.1f' "$(echo "$end - $start" | bc)")
@@ -32,8 +48,9 @@ run_case() {
   grep '^ringtrain: error:' "$dir/$label.err" | contains "$pattern" ||
     { cat "$dir/$label.err"; fail "$label: the error line does not match '$pattern'"; }
   (( $(echo "$took < 30" | bc) )) || fail "$label: the job took $took s to end"
-  ! pgrep -f "^$BIN " >/dev/null ||
-    fail "$label: ranks still running after mpirun returned"
+  local left
+  left=$(job_pids "$tag")
+  [[ -z $left ]] || fail "$label: processes ${left//$'\n'/ } of the job still running after mpirun returned"
 }
 
 train_args=(--data "$DATA/train.h5" --hidden 32 --batch-size 16 --threads 1 --log-every 1)
@@ -107,7 +124,7 @@ pass "a truncated shard: exit 1 naming the file"
 mnt=$dir/tmpfs
 mkdir -p "$mnt"
 if mount -t tmpfs -o size=1m tmpfs "$mnt" 2>"$dir/mount.err"; then
-  trap 'umount "$mnt" 2>/dev/null || true' EXIT
+  trap 'umount "$mnt" 2>/dev/null || true; kill "$decoy" 2>/dev/null || true' EXIT
   for n in 1 2; do
     rm -rf "${mnt:?}"/*
     run_case diskfull-np$n 2 "saving checkpoint '.*' failed; the file system holding '.*' is full" "$n" \
@@ -122,7 +139,7 @@ if mount -t tmpfs -o size=1m tmpfs "$mnt" 2>"$dir/mount.err"; then
       fail "diskfull-np$n: --resume auto did not choose step 2's checkpoint: $out"
   done
   umount "$mnt"
-  trap - EXIT
+  trap 'kill "$decoy" 2>/dev/null || true' EXIT
   pass "disk full during a save: exit 2, one message, the previous checkpoint chosen on resume"
 else
   echo "SKIPPED: disk-full cases: mount -t tmpfs is not permitted here: $(cat "$dir/mount.err")"

@@ -36,6 +36,23 @@ mpi() {
   timeout 300 mpirun -n "$n" "$@"
 }
 
+# Processes are found by a tag in their environment, never by name or command line: another
+# job (a second checkout's tests, a user's run) may be running the same binary with the same
+# arguments. A test starts a job as `E2E_JOB=$(job_tag) mpirun ...` (mpirun passes its
+# environment to the ranks it starts on this machine); job_pids TAG [VAR=VALUE] lists that
+# job's live processes (mpirun, its daemons, the ranks), those with VAR=VALUE in their
+# environment too when given (OMPI_COMM_WORLD_RANK=1: rank 1).
+job_tag() { echo "$$-${BASHPID}-$RANDOM$RANDOM"; }
+job_pids() {
+  local files f
+  files=$(grep -lsxzF "E2E_JOB=$1" /proc/[0-9]*/environ || true)
+  for f in $files; do
+    [[ -z ${2:-} ]] || grep -qsxzF "$2" "$f" || continue
+    f=${f#/proc/}
+    echo "${f%/environ}"
+  done
+}
+
 fail() {
   echo "FAIL: $*" >&2
   exit 1

@@ -100,15 +100,16 @@ pass "bit-flipped and truncated checkpoints skipped, kept as .invalid, resumed a
 # kills the rest), and the same command continues from a valid checkpoint.
 d=$dir/kill
 big=(--data "$DATA/train.h5" --hidden "1024,1024" --threads 1 --prefetch 0 --keep 2)
-mpi 2 "$BIN" train "${big[@]}" --steps 100000 --checkpoint-every 1 --checkpoint-dir "$d" \
+tag=$(job_tag)
+E2E_JOB=$tag mpi 2 "$BIN" train "${big[@]}" --steps 100000 --checkpoint-every 1 --checkpoint-dir "$d" \
   >"$dir/kill.out" 2>&1 &
 job=$!
 for _ in $(seq 1 150); do
   [[ $(find "$d" -name 'ckpt-*.h5' 2>/dev/null | wc -l) -ge 2 ]] && break
   sleep 0.2
 done
-pid=$(pgrep -f "^$BIN train --data $DATA/train.h5 --hidden 1024,1024" | tail -n 1)
-[[ -n "$pid" ]] || fail "no rank to kill"
+pid=$(job_pids "$tag" OMPI_COMM_WORLD_RANK=1)
+[[ -n "$pid" ]] || fail "no rank 1 of this test's job to kill"
 start=$(date +%s)
 kill -9 "$pid"
 rc=0

@@ -8,7 +8,8 @@ dir=$(workdir signal)
 cmd=("$BIN" train --data "$DATA/train.h5" --steps 3000 --batch-size 32 --hidden 256 --threads 1
      --checkpoint-dir "$dir/ck" --log-every 10 --metrics "$dir/m.jsonl")
 rc=0
-mpi 2 "${cmd[@]}" >"$dir/out" 2>&1 &
+tag=$(job_tag)
+E2E_JOB=$tag mpi 2 "${cmd[@]}" >"$dir/out" 2>&1 &
 job=$!
 for _ in $(seq 1 150); do
   grep -q '"type":"step"' "$dir/m.jsonl" 2>/dev/null && break
@@ -16,17 +17,12 @@ for _ in $(seq 1 150); do
 done
 grep -q '"type":"step"' "$dir/m.jsonl" || fail "the job never trained: $(cat "$dir/out")"
 
-# rank_pid R: the pid of rank R of this job, from the OMPI_COMM_WORLD_RANK of each ringtrain
-# process of the command (mpirun starts the ranks with it in their environment).
+# rank_pid R: the pid of rank R of this test's job (by its tag, lib.sh), from the
+# OMPI_COMM_WORLD_RANK that mpirun puts in each rank's environment.
 rank_pid() {
   local p
-  for p in $(pgrep -f "^$BIN train --data $DATA/train.h5 --steps 3000"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
+  p=$(job_pids "$tag" "OMPI_COMM_WORLD_RANK=$1")
+  [[ -n $p ]] && echo "$p"
 }
 pid=$(rank_pid 1) || fail "no process of rank 1 found"
 # Two signals in a row: the second arrives while the ranks agree or save, and must neither
