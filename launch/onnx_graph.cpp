@@ -18,7 +18,7 @@ namespace {
 // The OnnxWriter of the plan's nodes, one after the other (at(n) selects the node).
 class PlanWriter final : public OnnxWriter {
  public:
-  PlanWriter(const ModelPlan& plan, Model& model, GraphWriter& w) : w_(w) {
+  PlanWriter(const ModelPlan& plan, Model& model, GraphWriter& w) : writer_(w) {
     for (Param& p : model.params()) params_[p.name] = &p;
     for (StateBuffer& b : model.buffers()) buffers_[b.name] = &b;
     for (const PlannedNode& n : plan.nodes) {
@@ -72,15 +72,15 @@ class PlanWriter final : public OnnxWriter {
 
   void node(const std::string& op, const std::string& name, const std::vector<std::string>& in,
             const std::vector<std::string>& out, const std::vector<OnnxAttr>& attrs) override {
-    onnx::NodeProto& n = w_.node(op, name, in, out);
+    onnx::NodeProto& n = writer_.node(op, name, in, out);
     for (const OnnxAttr& a : attrs)
       std::visit([&](const auto& v) { GraphWriter::attr(n, a.name, v); }, a.value);
   }
   std::string weight(const std::string& name, const Shape& shape, const float* data) override {
-    return w_.weight(name, shape, data);
+    return writer_.weight(name, shape, data);
   }
   std::string ints(const std::string& name, const std::vector<int64_t>& v) override {
-    return w_.ints(name, v);
+    return writer_.ints(name, v);
   }
 
  private:
@@ -91,7 +91,7 @@ class PlanWriter final : public OnnxWriter {
     return node_->name + "." + p;
   }
 
-  GraphWriter& w_;
+  GraphWriter& writer_;
   std::map<std::string, Param*> params_;
   std::map<std::string, StateBuffer*> buffers_;
   int64_t max_sequence_ = 0;

@@ -182,7 +182,8 @@ class Linear final : public Layer {
   Param* bias_ = nullptr;
   Tensor x_;  // the input of the last forward, viewed 2-D, in this layer's dtype
   Shape x_shape_;
-  OwnedTensor xin_, w_, y_, dy_, dx_, dw_;
+  // weight_cast_: the weight in this layer's dtype; dy_masked_: dy through the ReLU's mask.
+  OwnedTensor xin_, weight_cast_, y_, dy_masked_, dx_, dw_;
 };
 
 // y = act(conv(x, W) + b) on [N, C, H, W]; square kernel, one stride and padding.
@@ -223,7 +224,8 @@ class Conv2D final : public Layer {
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
   Tensor x_;
-  OwnedTensor xin_, w_, y_, dy_, dx_, dw_;
+  // weight_cast_: the weight in this layer's dtype; dy_masked_: dy through the ReLU's mask.
+  OwnedTensor xin_, weight_cast_, y_, dy_masked_, dx_, dw_;
 };
 
 class ReLU final : public Layer {
@@ -283,7 +285,7 @@ class MaxPool2D final : public Layer {
   bool relu_input_ = false, x_blocked_ = false;
   kernels::PoolShape ps_;
   Shape x_shape_;
-  OwnedTensor xin_, y_, argmax_, dy_, dx_;
+  OwnedTensor xin_, y_, argmax_, dy_cast_, dx_;  // dy_cast_: dy in the input's dtype
 };
 
 // [N, C, H, W] -> [N, C], the mean over H and W.
@@ -349,7 +351,7 @@ class BatchNorm2D final : public Layer {
   StateBuffer* running_var_ = nullptr;
   bool training_ = true;
   Tensor x_;
-  OwnedTensor xin_, y_, mean_, invstd_, dy_, dx_, dgamma_, dbeta_;
+  OwnedTensor xin_, y_, mean_, invstd_, dx_, dgamma_, dbeta_;
 };
 
 // y = x0 + x1 + ... (one shape); each input's gradient is dy itself.
@@ -363,7 +365,7 @@ class Add final : public Layer {
 
  private:
   size_t inputs_ = 0;
-  OwnedTensor y_, acc_, dy_;
+  OwnedTensor y_, acc_;
 };
 
 // Joins [N, C_i, ...] inputs along dimension 1 into [N, sum C_i, ...].

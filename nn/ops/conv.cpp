@@ -52,16 +52,17 @@ const Tensor& Conv2D::forward(Context& ctx, const Tensor& x) {
              o_.padding);
   x_ = in_dtype(ctx, x, xin_);
   Tensor& y = y_.ensure({cs_.n, cs_.k, cs_.p(), cs_.q()}, out_dtype(ctx));
-  ctx.backend.conv2d_forward(cs_, x_, weights(ctx, *weight_, w_), bias_ ? &bias_->master : nullptr,
-                             o_.act, y);
+  ctx.backend.conv2d_forward(cs_, x_, weights(ctx, *weight_, weight_cast_),
+                             bias_ ? &bias_->master : nullptr, o_.act, y);
   return y;
 }
 
 const Tensor& Conv2D::backward(Context& ctx, const Tensor& dy_in) {
-  const Tensor dy = relu_grad_by_next_ ? dy_in : relu_masked(ctx, o_.act, y_.view, dy_in, dy_);
+  const Tensor dy =
+      relu_grad_by_next_ ? dy_in : relu_masked(ctx, o_.act, y_.view, dy_in, dy_masked_);
   const Tensor dw = grad_target(ctx, *weight_, dw_);
   Tensor* dx = needs_input_grad_ ? &dx_.ensure(x_.shape, dtype(ctx)) : nullptr;
-  const Tensor w = dx ? weights(ctx, *weight_, w_) : Tensor();
+  const Tensor w = dx ? weights(ctx, *weight_, weight_cast_) : Tensor();
   ctx.backend.conv2d_backward(cs_, x_, dy, w, dx, dw, bias_ ? &bias_->grad : nullptr);
   if (dx && relu_input_) ctx.backend.relu_backward(x_, *dx, *dx);
   commit_grad(ctx, *weight_, dw);

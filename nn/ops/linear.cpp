@@ -35,7 +35,7 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
   const Tensor& xi = in_dtype(ctx, x, xin_);
   x_ = Tensor(xi.data, {n, in_}, xi.dtype, xi.device);
   Tensor& y = y_.ensure({n, out_}, out_dtype(ctx));
-  const Tensor& w = weights(ctx, *weight_, w_);
+  const Tensor& w = weights(ctx, *weight_, weight_cast_);
   if (bias_ && act_ == Activation::none) {  // the bias from the fp32 masters
     ctx.backend.gemm_bias(false, true, x_, w, bias_->master, y);
   } else {
@@ -53,7 +53,7 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
 }
 
 const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
-  Tensor dy = relu_masked(ctx, act_, y_.view, dy_in, dy_);
+  Tensor dy = relu_masked(ctx, act_, y_.view, dy_in, dy_masked_);
   dy.shape = {x_.dim(0), out_};  // 2-D, whatever the leading dimensions
   const Tensor dw = grad_target(ctx, *weight_, dw_);
   ctx.backend.gemm(true, false, 1.f, dy, x_, 0.f, dw);  // dW = dy^T x
@@ -61,7 +61,8 @@ const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
   if (bias_) ctx.backend.bias_grad(dy, bias_->grad);
   if (!needs_input_grad_) return dx_.view;
   Tensor& dx = dx_.ensure({dy.dim(0), in_}, dtype(ctx));
-  ctx.backend.gemm(false, false, 1.f, dy, weights(ctx, *weight_, w_), 0.f, dx);  // dx = dy W
+  ctx.backend.gemm(false, false, 1.f, dy, weights(ctx, *weight_, weight_cast_), 0.f,
+                   dx);  // dx = dy W
   dx.shape = x_shape_;
   return dx;
 }

@@ -27,7 +27,7 @@ const Tensor& MaxPool2D::backward(Context& ctx, const Tensor& dy) {
   Tensor& dx = dx_.ensure(x_shape_, dtype(ctx));
   Tensor g = dy;
   if (dy.dtype != dx.dtype) {
-    g = dy_.ensure(dy.shape, dx.dtype);
+    g = dy_cast_.ensure(dy.shape, dx.dtype);
     ctx.backend.cast(dy, g);
   }
   ctx.backend.maxpool2d_backward(ps_, g, argmax_.view, dx);
