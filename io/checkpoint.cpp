@@ -16,6 +16,8 @@
 #include <regex>
 
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
+#include "io/stats_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -85,6 +87,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   m.seed = need_int(rng, "seed");
   const std::string bad = impossible_meta(m);
   RT_REQUIRE(bad.empty(), what, " holds impossible metadata: ", bad);
+  const std::string sum = meta_checksum_problem(f);
+  RT_REQUIRE(sum.empty(), what, " is damaged: ", sum);
   return m;
 }
 
@@ -105,18 +109,16 @@ std::string impossible_meta(const CheckpointMeta& m) {
     return cat("/optimizer step ", m.optimizer_step, " is beyond the training step ", m.step);
   if (!std::isfinite(m.loss_scale) || m.loss_scale <= 0)
     return cat("/loss_scaler scale is ", m.loss_scale, "; expected a finite value > 0");
-  if (!std::isfinite(m.input_mean))
-    return cat("input_mean is ", m.input_mean, "; expected a finite value");
-  if (!std::isfinite(m.input_std) || m.input_std <= 0)
-    return cat("input_std is ", m.input_std, "; expected a finite value > 0");
-  for (size_t c = 0; c < m.input_channel_mean.size(); ++c)
-    if (!std::isfinite(m.input_channel_mean[c]))
-      return cat("input_channel_mean[", c, "] is ", m.input_channel_mean[c],
-                 "; expected a finite value");
-  for (size_t c = 0; c < m.input_channel_std.size(); ++c)
-    if (!std::isfinite(m.input_channel_std[c]) || m.input_channel_std[c] <= 0)
-      return cat("input_channel_std[", c, "] is ", m.input_channel_std[c],
-                 "; expected a finite value > 0");
+  if (auto bad = normalisation_problem("input_mean", m.input_mean, "input_std", m.input_std);
+      !bad.empty())
+    return bad;
+  for (size_t c = 0; c < m.input_channel_mean.size() && c < m.input_channel_std.size(); ++c)
+    if (auto bad =
+            normalisation_problem(cat("input_channel_mean[", c, "]"), m.input_channel_mean[c],
+                                  cat("input_channel_std[", c, "]"), m.input_channel_std[c]);
+        !bad.empty())
+      return bad;
+  if (auto bad = precision_problem(m.precision); !bad.empty()) return bad;
   // One optimizer step per training step whatever --grad-accum is (the micro-batches of a
   // step are summed before the one update), so the rule above holds with accumulation too.
   if (m.grad_accum < 1) return cat("grad_accum is ", m.grad_accum, "; expected >= 1");

@@ -13,6 +13,7 @@
 
 #include "core/fault_injection.hpp"
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
 #include "launch/commands.hpp"
 #include "launch/job.hpp"
 #include "launch/signals.hpp"
@@ -81,6 +82,7 @@ void Trainer::save_best(const std::string& metric, double value) {
     io::write_attr(f, "best_metric", metric);
     io::write_attr(f, "best_value", value);
     io::write_attr(f, "best_step", step_);
+    io::write_meta_checksum(f);  // the attributes changed
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
   }
   io::fsync_path(tmp);
