@@ -31,11 +31,10 @@ expect_refusal() {
 }
 # on_rank1 GOOD-ARGS -- BAD-ARGS: rank 0 runs ringtrain with the first, rank 1 with the second.
 on_rank1() {
-  local -a good=() bad=()
-  while [[ $1 != -- ]]; do good+=("$1"); shift; done
+  local -a rank0=()
+  while [[ $1 != -- ]]; do rank0+=("$1"); shift; done
   shift
-  bad=("$@")
-  timeout 60 mpirun -n 1 "$BIN" "${good[@]}" : -n 1 "$BIN" "${bad[@]}"
+  timeout 60 mpirun -n 1 "$BIN" "${rank0[@]}" : -n 1 "$BIN" "$@"
 }
 two() { timeout 60 mpirun -n 2 "$BIN" "$@"; }  # two ARGS...: ringtrain on 2 ranks
 # edit SRC DST PYTHON-ON-f: a copy of SRC, edited with h5py.
@@ -74,8 +73,9 @@ expect_refusal 1 "'$dir/flip.h5' is damaged: its metadata (root and group attrib
   on_rank1 "${ev[@]}" --checkpoint "$good" -- "${ev[@]}" --checkpoint "$dir/flip.h5"
 rc=0
 "$BIN" inspect "$dir/flip.h5" >"$dir/inspect" || rc=$?
-[[ $rc -eq 1 ]] && grep -q "valid: NO: .*fails its checksum" "$dir/inspect" \
-  || fail "inspect of flip.h5 exited $rc: $(tail -n 1 "$dir/inspect")"
+if [[ $rc -ne 1 ]] || ! grep -q "valid: NO: .*fails its checksum" "$dir/inspect"; then
+  fail "inspect of flip.h5 exited $rc: $(tail -n 1 "$dir/inspect")"
+fi
 # The checksum as docs/formats.md defines it, computed here independently, is the stored one.
 "$PY" - "$good" <<'PY' || fail "meta_checksum does not match the documented canonical form"
 import struct, sys, zlib
