@@ -157,6 +157,13 @@ expect_refusal 1 "has no parameter 'widht' (did you mean width?)" \
 printf '[train]\nstpes = 3\n' >"$dir/section.ini"
 expect_refusal 1 "unrecognised key 'train.stpes'; did you mean steps? ([sections] are not read" \
   two "${pc[@]}" --config "$dir/section.ini" --print-config
+# Other papercuts: --size names its own form; --help lists every shipped model.
+expect_refusal 1 "--size '32x32' is not valid; expected H,W (two positive integers up to 65536), e.g. 64,64" \
+  timeout 60 "$BIN" convert images --root "$dir" --size 32x32 --out "$dir/x.h5"
+help=$("$BIN" train --help)
+for m in cnn gpt-tiny gpt2-124m mlp resnet; do
+  grep -q -- "$m" <<<"$help" || fail "train --help does not list the shipped model $m"
+done
 out=$(mpi 2 "$BIN" "${pc[@]}" --model resnet --set width=8 --print-config)
 grep -qx "set = width=8" <<<"$out" || fail "--print-config of a good command: $out"
 pass "--print-config of a good command prints the configuration"
