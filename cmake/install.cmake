@@ -1,4 +1,4 @@
-# `cmake --install`: the ringtrain binary, the libraries an op is written against (rt_base,
+# `cmake --install`: the ringtrain binary and launch/ringrun, the libraries an op is written against (rt_base,
 # rt_kernels, the model schema, rt_nn) with their headers under include/ringtrain, the
 # shipped model files and the schema under share/ringtrain, and the CMake package
 # (lib/cmake/ringtrain) that gives find_package(ringtrain 0.1) its imported targets:
@@ -31,6 +31,8 @@ set_target_properties(rt_nn_all PROPERTIES EXPORT_NAME nn)
 set_target_properties(rt_plugin_api PROPERTIES EXPORT_NAME plugin)
 
 install(TARGETS ringtrain EXPORT ringtrainTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The launcher wrapper beside the binary, where slurm/train.sbatch looks for it first.
+install(PROGRAMS launch/ringrun DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS rt_flags rt_base rt_kernels rt_model_proto rt_nn rt_nn_all rt_plugin_api
         EXPORT ringtrainTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 

@@ -17,6 +17,8 @@
 
 #include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
+#include "io/stats_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -46,6 +48,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   }
   const std::string bad = impossible_meta(m);
   RT_REQUIRE(bad.empty(), what, " holds impossible metadata: ", bad);
+  const std::string sum = meta_checksum_problem(f);
+  RT_REQUIRE(sum.empty(), what, " is damaged: ", sum);
   return m;
 }
 

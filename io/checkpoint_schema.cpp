@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "io/hdf5.hpp"
+#include "io/stats_check.hpp"
 
 namespace ringtrain::io {
 
@@ -342,6 +343,16 @@ std::string checkpoint_attr_problem(const CheckpointAttr& a, const CheckpointMet
 std::string impossible_meta(const CheckpointMeta& m) {
   for (const auto& a : checkpoint_attrs())
     if (auto bad = checkpoint_attr_problem(a, m); !bad.empty()) return bad;
+  // Beyond finite and positive: statistics a dataset can have (io/stats_check.hpp).
+  if (auto bad = normalisation_problem("input_mean", m.input_mean, "input_std", m.input_std);
+      !bad.empty())
+    return bad;
+  for (size_t c = 0; c < m.input_channel_mean.size() && c < m.input_channel_std.size(); ++c)
+    if (auto bad =
+            normalisation_problem(cat("input_channel_mean[", c, "]"), m.input_channel_mean[c],
+                                  cat("input_channel_std[", c, "]"), m.input_channel_std[c]);
+        !bad.empty())
+      return bad;
   return "";
 }
 

@@ -34,6 +34,7 @@
 #include "io/checkpoint_schema.hpp"
 #include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
 
 namespace fs = std::filesystem;
 
@@ -344,6 +345,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       ensure_parents(f, p.name);
       w.per_rank(f, p.name, p.tensor);
     }
+    write_meta_checksum(f);  // after the last attribute
     w.finish();
     direct_chunks_ = w.direct_chunks();
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced

@@ -216,7 +216,7 @@ std::optional<std::vector<double>> read_attr_doubles(hid_t obj, const char* name
 
 std::optional<std::vector<double>> read_doubles(hid_t loc, const char* name) {
   if (!has_link(loc, name)) return std::nullopt;
-  H5Id ds(H5_CHECK(H5Dopen2(loc, name, H5P_DEFAULT)));
+  H5Id ds = open_dataset(loc, name);
   H5Id type(H5_CHECK(H5Dget_type(ds)));
   auto cls = H5Tget_class(type);
   if (cls != H5T_FLOAT && cls != H5T_INTEGER) return std::nullopt;
@@ -244,8 +244,21 @@ H5Id create_group(hid_t loc, const std::string& name) {
   return H5Id(H5_CHECK(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
 }
 
-H5Id open_dataset(hid_t loc, const std::string& name) {
-  return H5Id(H5_CHECK(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
+void require_dataset_object(hid_t loc, const std::string& name) {
+  // HDF5's own refusal (H5Dopen2: "not a dataset") would be a runtime error without the
+  // file's name; a group or named type where a dataset belongs is a bad input file.
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(loc, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return;
+  if (info.type == H5O_TYPE_DATASET) return;
+  const char* kind = info.type == H5O_TYPE_GROUP            ? "a group"
+                     : info.type == H5O_TYPE_NAMED_DATATYPE ? "a named datatype"
+                                                            : "not a dataset";
+  throw_input(cat("'", file_of(loc), "': /", name, " is ", kind, "; expected a dataset"));
+}
+
+H5Id open_dataset(hid_t loc, const std::string& name, hid_t dapl) {
+  require_dataset_object(loc, name);
+  return H5Id(H5_CHECK(H5Dopen2(loc, name.c_str(), dapl)));
 }
 
 Shape dataset_shape(hid_t ds) {
@@ -317,12 +330,30 @@ void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t 
     H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
 }
 
+namespace {
+// HDF5 would convert any numeric type on the read (float64 to fp32, silently rounding); a
+// file ringtrain wrote stores exactly the dtype it reads back, so another one is a foreign
+// or damaged file.
+void require_stored_dtype(hid_t ds, const std::string& name, DType want, const std::string& what) {
+  const auto have = dataset_dtype(ds);
+  if (have == want) return;
+  H5Id type(H5_CHECK(H5Dget_type(ds)));
+  const std::string stored = have ? std::string(dtype_name(*have))
+                             : H5Tget_class(type) == H5T_FLOAT
+                                 ? cat("float", 8 * H5Tget_size(type))
+                                 : cat("a type of ", H5Tget_size(type), " bytes");
+  throw_input(
+      cat(what, ": dataset '", name, "' is stored as ", stored, "; expected ", dtype_name(want)));
+}
+}  // namespace
+
 void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const std::string& what) {
   RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");
   H5Id ds = open_dataset(loc, name);
   Shape shape = dataset_shape(ds);
   RT_REQUIRE(shape == dst.shape, what, ": dataset '", name, "' has shape ", shape_str(shape),
              "; expected ", shape_str(dst.shape));
+  require_stored_dtype(ds, name, dst.dtype, what);
   if (dst.numel() == 0) return;
   herr_t rc = H5Dread(ds, h5_type(dst.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.data);
   RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
@@ -382,6 +413,7 @@ void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, i
   const Shape have = dataset_shape(ds);
   RT_REQUIRE(have == shape, what, ": dataset '", name, "' has shape ", shape_str(have),
              "; expected ", shape_str(shape));
+  require_stored_dtype(ds, name, dst.dtype, what);
   const int64_t n = dst.numel();
   if (n == 0) return;
   H5Id fspace(H5_CHECK(H5Dget_space(ds)));

@@ -107,7 +107,10 @@ std::optional<std::vector<double>> read_doubles(hid_t loc, const char* name);
 
 bool has_link(hid_t loc, const std::string& path);  // path may have several components
 H5Id create_group(hid_t loc, const std::string& name);
-H5Id open_dataset(hid_t loc, const std::string& name);
+// Opens a dataset; input error naming the file when `name` is a group or another object
+// that is not a dataset (a missing one is still HDF5's runtime error: check has_link first).
+H5Id open_dataset(hid_t loc, const std::string& name, hid_t dapl = H5P_DEFAULT);
+void require_dataset_object(hid_t loc, const std::string& name);
 Shape dataset_shape(hid_t ds);
 // The ringtrain DType of a dataset's element type, if it is one of ours.
 std::optional<DType> dataset_dtype(hid_t ds);

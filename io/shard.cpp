@@ -1,6 +1,7 @@
 // One dataset file: validation and hyperslab reads (see shard.hpp).
 #include "io/shard.hpp"
 #include "core/env.hpp"
+#include "io/stats_check.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -92,7 +93,7 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   // selected rows instead of staging a whole ~1 MiB chunk for every sample.
   H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
-  images_ = H5Id(H5_CHECK(H5Dopen2(file_, "images", dapl)));
+  images_ = open_dataset(file_, "images", dapl);
   Shape ishape = dataset_shape(images_);
   auto itype = dataset_dtype(images_);
   RT_REQUIRE(itype && (*itype == DType::u8 || *itype == DType::f32), what,
@@ -122,8 +123,13 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
   info_.image_dtype = *itype;
   info_.num_samples = ishape[0];
   info_.sample_shape.assign(ishape.begin() + 1, ishape.end());
+  // A std of exactly 0 (constant data, which `convert` records so) means "no
+  // normalisation"; any other pair must be statistics the samples can have.
   auto mean = read_attr_double(file_, "mean"), std = read_attr_double(file_, "std");
-  if (mean && std && *std > 0) {
+  if (mean && std && *std != 0) {
+    const std::string bad =
+        normalisation_problem("attribute mean", *mean, "attribute std", *std, info_.image_dtype);
+    RT_REQUIRE(bad.empty(), what, ": ", bad);
     info_.has_norm = true;
     info_.mean = *mean;
     info_.std = *std;
@@ -134,10 +140,11 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
     RT_REQUIRE(cmean && cstd && cmean->size() == c && cstd->size() == c, what,
                ": /mean and /std must both be datasets of shape [", c,
                "] (one value per channel of ", shape_str(info_.sample_shape), ")");
-    for (size_t i = 0; i < c; ++i)
-      RT_REQUIRE(std::isfinite((*cmean)[i]) && std::isfinite((*cstd)[i]) && (*cstd)[i] > 0, what,
-                 ": channel ", i, " has mean ", (*cmean)[i], " and std ", (*cstd)[i],
-                 "; expected finite values and std > 0");
+    for (size_t i = 0; i < c; ++i) {
+      const std::string bad = normalisation_problem(
+          cat("/mean[", i, "]"), (*cmean)[i], cat("/std[", i, "]"), (*cstd)[i], info_.image_dtype);
+      RT_REQUIRE(bad.empty(), what, ": ", bad);
+    }
     info_.channel_mean = *cmean;
     info_.channel_std = *cstd;
   }

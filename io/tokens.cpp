@@ -59,7 +59,7 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
   // of staging a whole chunk for each window.
   H5Id dapl(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
-  tokens_ = H5Id(H5_CHECK(H5Dopen2(file_, "tokens", dapl)));
+  tokens_ = open_dataset(file_, "tokens", dapl);
   const Shape shape = dataset_shape(tokens_);
   RT_REQUIRE(shape.size() == 1, what, ": /tokens has shape ", shape_str(shape),
              "; expected a 1-d stream [N]");
@@ -86,6 +86,7 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
     RT_REQUIRE(ds.size() == 1 && ds[0] >= 2, what, ": /doc_offsets has shape ", shape_str(ds),
                "; expected [documents + 1] with at least one document");
     info_.num_docs = ds[0] - 1;
+    doc_offsets();  // validated now: offsets that go backwards are a damaged file
   } else {
     info_.num_docs = 1;
   }
@@ -112,9 +113,13 @@ std::vector<int64_t> TokenShard::doc_offsets() {
   std::vector<int64_t> v(size_t(info_.num_docs + 1));
   RT_REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) >= 0,
              "token dataset '", path_, "': /doc_offsets cannot be read (", h5_error_stack(), ")");
-  RT_REQUIRE(v.front() == 0 && v.back() == info_.num_tokens && std::is_sorted(v.begin(), v.end()),
-             "token dataset '", path_, "': /doc_offsets must rise from 0 to ", info_.num_tokens,
-             " (the number of tokens)");
+  const auto back = std::is_sorted_until(v.begin(), v.end());
+  RT_REQUIRE(
+      v.front() == 0 && v.back() == info_.num_tokens && back == v.end(), "token dataset '", path_,
+      "': /doc_offsets must rise from 0 to ", info_.num_tokens, " (the number of tokens)",
+      back != v.end()
+          ? cat("; it goes back from ", back[-1], " to ", *back, " at index ", back - v.begin())
+          : cat("; it runs from ", v.front(), " to ", v.back()));
   return v;
 }
 

@@ -46,6 +46,11 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   install_stop_handlers();  // from the start: a signal during setup stops at the first step
   TrainConfig cfg;
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
+  if (cfg.print_config) {  // only after the checks a run's start makes of data and model
+    Trainer::check_inputs(cfg, comm);
+    if (comm.rank() == 0) std::cout << cfg.config_ini << std::flush;
+    return 0;
+  }
   // hierarchical, or on cuda NCCL or MPI staged through host memory; null: comm itself.
   std::unique_ptr<comm::Communicator> own = make_train_communicator(cfg, comm);
   // Setup agrees on its errors; from the first collective on, an error ends the job from

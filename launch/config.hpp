@@ -76,6 +76,9 @@ struct TrainConfig {
   // The options as --print-config prints them (key = value lines), for the metrics' start
   // record and TensorBoard; filled by parse_train.
   std::string config_ini;
+  // --print-config: check the data and the model as a run's start would, print
+  // config_ini, and train nothing.
+  bool print_config = false;
 };
 
 struct EvalConfig {
@@ -132,6 +135,7 @@ struct PredictConfig {
   std::string checkpoint, data, out;
   std::vector<std::string> plugins;  // --plugin: the ops of the checkpoint's model
   int64_t top_k = 5;                 // at most the model's classes
+  bool top_k_given = false;          // --top-k given: more than the classes is an error
   bool probabilities = false;        // softmax instead of logits
   int64_t batch_size = 256;
   DType precision = DType::f32;

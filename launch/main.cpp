@@ -15,6 +15,7 @@
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
 #include "launch/job.hpp"
+#include "launch/signals.hpp"
 
 namespace {
 
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
     std::cout << version_text();
     return 0;
   }
+  // A stop signal while MPI starts (MPI_Init can take seconds on a large job) stops a
+  // training run like one a moment later, at the first step boundary with a checkpoint,
+  // instead of killing the rank: the handlers (which only set a flag) come first.
+  if (args[0] == "train") install_stop_handlers();
   io::silence_hdf5_errors();
   // Buffers up to 64 MiB (HDF5's chunk buffers, activations) come from the heap and are
   // reused, instead of fresh zeroed mmap pages per allocation: perf showed 15% of a

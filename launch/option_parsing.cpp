@@ -67,6 +67,8 @@ std::string value_text(const boost::any& v) {
 std::string did_you_mean(std::string name, const po::options_description& desc,
                          const char* dashes) {
   name.erase(0, name.find_first_not_of('-'));
+  // An INI key under a [section] arrives as "section.key": the key is what can be meant.
+  if (const size_t dot = name.rfind('.'); dot != std::string::npos) name.erase(0, dot + 1);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char ch) { return std::tolower(ch); });
   std::string best;
@@ -176,9 +178,12 @@ bool parse(const char* command, const po::options_description& desc,
     try {
       po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
     } catch (const po::unknown_option& e) {
-      throw_input(cat("--config '", file, "': unrecognised key '", e.get_option_name(), "'",
-                      did_you_mean(e.get_option_name(), desc, ""),
-                      " (keys are the option names without '--', e.g. batch-size = 64)"));
+      const std::string key = e.get_option_name();
+      throw_input(cat("--config '", file, "': unrecognised key '", key, "'",
+                      did_you_mean(key, desc, ""),
+                      key.find('.') != std::string::npos
+                          ? " ([sections] are not read: put the keys before any [section] line)"
+                          : " (keys are the option names without '--', e.g. batch-size = 64)"));
     } catch (const po::error& e) {
       throw_input(cat("--config '", file, "': ", e.what(),
                       "; keys are the option names without '--' (e.g. batch-size = 64)"));
@@ -204,7 +209,8 @@ void check_schedule(const ScheduleConfig& sc, double lr) {
   LrSchedule(sc, lr, std::max<int64_t>(sc.decay_steps, sc.warmup_steps + 1));
 }
 
-std::vector<int64_t> parse_int_list(const std::string& s, const char* option) {
+std::vector<int64_t> parse_int_list(const std::string& s, const char* option,
+                                    const char* expected) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -217,7 +223,7 @@ std::vector<int64_t> parse_int_list(const std::string& s, const char* option) {
       used = 0;
     }
     RT_REQUIRE(used == item.size() && !item.empty() && v > 0, option, " '", s,
-               "' is not valid; expected comma-separated positive integers, e.g. 512,256");
+               "' is not valid; expected ", expected);
     out.push_back(v);
   }
   return out;

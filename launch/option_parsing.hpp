@@ -73,6 +73,9 @@ bool parse(const char* command, const po::options_description& desc,
 void check_schedule(const ScheduleConfig& sc, double lr);
 
 // "512,256" -> {512, 256}; an input error naming `option` unless all are positive integers.
-std::vector<int64_t> parse_int_list(const std::string& s, const char* option);
+// `expected` says what the option takes, for the message of a value that is no such list.
+std::vector<int64_t> parse_int_list(
+    const std::string& s, const char* option,
+    const char* expected = "comma-separated positive integers, e.g. 512,256");
 
 }  // namespace ringtrain::launch::opts

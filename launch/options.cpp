@@ -13,6 +13,7 @@
 #include "launch/option_parsing.hpp"
 #include "launch/options.hpp"
 #include "launch/timeline.hpp"
+#include "nn/model_file.hpp"
 
 namespace ringtrain::launch {
 
@@ -45,6 +46,11 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   int64_t seed = int64_t(c.seed);
   auto& o = c.optimizer;
   auto& ls = c.loss_scale;
+  // The shipped models as the binary holds them (models/*.pbtxt compiled in).
+  std::string model_help;
+  for (const auto& name : ModelFile::builtin_models())
+    model_help += (model_help.empty() ? "" : " | ") + name;
+  model_help += " (models/*.pbtxt) or a model file (docs/models.md)";
   // clang-format off
   po::options_description data("data");
   data.add_options()
@@ -56,7 +62,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("seq-len", value_or_default(&c.seq_len), "token data: tokens per window (0: the model's context)");
   po::options_description model("model");
   model.add_options()
-      ("model", po::value(&c.model)->default_value("mlp"), "mlp | cnn | resnet (models/*.pbtxt) or a model file (docs/models.md)")
+      ("model", po::value(&c.model)->default_value(c.model), model_help.c_str())
       ("hidden", po::value<std::string>(), "mlp: hidden layer widths (the file's var hidden; default 512,256)")
       ("dropout", po::value<std::string>(), "cnn: dropout probability after the pooling (var dropout; default 0.25)")
       ("depth", po::value<std::string>(), "resnet: basic blocks per stage, 3 stages (var depth; default 1)")
@@ -261,10 +267,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.resume == "auto" || c.resume == "never" || !c.resume.empty(),
              "--resume must be auto, never or a checkpoint file");
   c.config_ini = config_text(desc, vm);
-  if (vm.count("print-config")) {
-    *help = c.config_ini;
-    return false;
-  }
+  c.print_config = vm.count("print-config") > 0;  // cmd_train checks data and model first
   return true;
 }
 

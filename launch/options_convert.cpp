@@ -67,9 +67,10 @@ bool parse_convert_images(const std::vector<std::string>& args, ConvertConfig& c
   // clang-format on
   if (!parse_convert_format("convert images", in, args, c, help)) return false;
   if (!c.size.empty()) {
-    const std::vector<int64_t> hw = parse_int_list(c.size, "--size");
+    const char* expected = "H,W (two positive integers up to 65536), e.g. 64,64";
+    const std::vector<int64_t> hw = parse_int_list(c.size, "--size", expected);
     RT_REQUIRE(hw.size() == 2 && hw[0] <= 65536 && hw[1] <= 65536, "--size '", c.size,
-               "' is not valid; expected H,W (two positive integers up to 65536), e.g. 64,64");
+               "' is not valid; expected ", expected);
     c.height = hw[0];
     c.width = hw[1];
   }

@@ -90,7 +90,7 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   po::options_description out("output");
   out.add_options()
       ("out", po::value(&c.out)->required(), "P.h5 (scores, top-k, labels, class names; written by all ranks) or P.npy (the scores only)")
-      ("top-k", value_or_default(&c.top_k), "classes kept per sample in /top_k (at most the model's classes)")
+      ("top-k", value_or_default(&c.top_k), "classes kept per sample in /top_k: 1 to the model's classes (the default is lowered to them)")
       ("probabilities", po::bool_switch(&c.probabilities), "softmax probabilities instead of logits");
   po::options_description prec("precision");
   prec.add_options()
@@ -105,6 +105,7 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
   require_positive_int(vm, "top-k");
+  c.top_k_given = vm.count("top-k") && !vm["top-k"].defaulted();
   check_device_options(c.threads, c.device, c.gpu_memory);
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);

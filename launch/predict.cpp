@@ -191,6 +191,10 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
     s.data = std::make_unique<io::Dataset>(cfg.data, /*labels_required=*/false);
     require_data_fits(*s.loaded.model, s.data->info(), cfg.checkpoint);
     s.classes = s.loaded.model->classes();
+    // One rule with `sample`: a K above the model's classes is an error, not clamped; only
+    // the default (5) is lowered for a model of fewer classes.
+    RT_REQUIRE(!cfg.top_k_given || cfg.top_k <= s.classes, "--top-k ", cfg.top_k,
+               " is not valid; expected 1 to ", s.classes, " (the model's classes)");
     s.k = std::min<int64_t>(cfg.top_k, s.classes);
     s.class_names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
     if (int64_t(s.class_names.size()) != s.classes) s.class_names.clear();

@@ -35,6 +35,9 @@ class Trainer {
  public:
   // Sets everything up; input errors are agreed across ranks (JobExit on every rank).
   Trainer(TrainConfig cfg, comm::Communicator& comm);
+  // What the constructor checks of the data and the model (with the same messages), and
+  // nothing else: --print-config's check before it prints.
+  static void check_inputs(TrainConfig cfg, comm::Communicator& comm);
   ~Trainer();
   // Trains to the end (returns 0) or until a stop signal (saves, returns 75).
   int run();
@@ -63,7 +66,11 @@ class Trainer {
   WireBytes wire_bytes() const { return strategy_->wire_bytes(); }
 
  private:
+  struct InputsOnly {};
+  Trainer(TrainConfig cfg, comm::Communicator& comm, InputsOnly);
   void setup();
+  // Plugins, data and model file (model_file_): the part of setup() that reads the inputs.
+  void setup_inputs();
   // The training (and validation) data of the kind the model takes: its sample shape and
   // classes ([T] and the vocabulary for token data) for the model file.
   std::pair<Shape, int64_t> setup_data();

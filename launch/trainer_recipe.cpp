@@ -14,6 +14,7 @@
 #include "core/fault_injection.hpp"
 #include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
 #include "launch/commands.hpp"
 #include "launch/job.hpp"
 #include "launch/signals.hpp"
@@ -85,6 +86,7 @@ void Trainer::save_best(const std::string& metric, double value) {
     best.best_step = step_;
     for (const char* name : {"best_metric", "best_value", "best_step"})
       io::write_checkpoint_attr(f, *io::find_checkpoint_attr("", name), best);
+    io::write_meta_checksum(f);  // the attributes changed
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
   }
   io::fsync_path(tmp);

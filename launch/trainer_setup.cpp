@@ -37,6 +37,15 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   add_observers();
 }
 
+Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm, InputsOnly)
+    : cfg_(std::move(cfg)), comm_(comm) {
+  agree(comm_, [&] { setup_inputs(); });
+}
+
+void Trainer::check_inputs(TrainConfig cfg, comm::Communicator& comm) {
+  Trainer(std::move(cfg), comm, InputsOnly{});
+}
+
 Trainer::~Trainer() = default;
 
 void Trainer::sync_buffers() {
@@ -51,16 +60,8 @@ void Trainer::sync_buffers() {
 void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
-  load_plugins(cfg_.plugins);  // their ops may be the model's first node
-  const auto [sample, classes] = setup_data();
-  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
-             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
-             " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  setup_inputs();
   if (cfg_.cache && data_) data_->enable_cache();
-
-  model_file_ = std::make_unique<ModelFile>(
-      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
-                         cat("--data '", cfg_.data, "'")));
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
@@ -77,8 +78,6 @@ void Trainer::setup() {
   scaler_ = std::make_unique<LossScaler>(ls);
   if (!cfg_.checkpoint_dir.empty())
     store_ = std::make_unique<io::CheckpointStore>(cfg_.checkpoint_dir, cfg_.keep);
-  RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
-             val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
   if (comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.metrics);
   // auto: a bar on a terminal. Open MPI gives every rank a pseudo-terminal whatever mpirun's
   // own stdout is, so under mpirun auto means plain lines (--progress bar forces the bar).
@@ -100,6 +99,19 @@ void Trainer::setup() {
                                 !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty()));
   // cuda: host copies of what a checkpoint holds on this rank.
   if (device_.kind == Device::cuda) host_ = strategy_->make_host_mirror();
+}
+
+void Trainer::setup_inputs() {
+  load_plugins(cfg_.plugins);  // their ops may be the model's first node
+  const auto [sample, classes] = setup_data();
+  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
+             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
+             " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  model_file_ = std::make_unique<ModelFile>(
+      load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
+                         cat("--data '", cfg_.data, "'")));
+  RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
+             val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
 }
 
 std::pair<Shape, int64_t> Trainer::setup_data() {

@@ -284,6 +284,8 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelPlan& plan) {
 
 namespace {
 
+constexpr double kMaxInitStd = 1e37;  // x 5.8 stays below float32's 3.4e38
+
 Init init_kind(pb::InitKind k) {
   switch (k) {
     case pb::KAIMING_UNIFORM:
@@ -335,9 +337,12 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
         graph::fail_at(file.where(in, "param"), pn.name,
                        cat("init: the node has no parameter '", in.param(),
                            "' (its parameters: ", param_names(), ")"));
-      if (in.kind() == pb::NORMAL && !(in.std() > 0))
+      // A draw reaches about 5.8 std (Box-Muller on 24-bit uniforms): beyond kMaxInitStd the
+      // float32 weights would be infinite, and the run would train on NaN.
+      if (in.kind() == pb::NORMAL && !(in.std() > 0 && in.std() <= kMaxInitStd))
         graph::fail_at(file.where(in, "std"), pn.name,
-                       cat("init: NORMAL needs a positive std, got ", in.std()));
+                       cat("init: NORMAL needs a positive std of at most ", kMaxInitStd, ", got ",
+                           in.std(), " (larger draws are not finite in float32)"));
       if (in.kind() != pb::DEFAULT) g.init.push_back({in.param(), init_kind(in.kind()), in.std()});
     }
     if (src.has_weight_decay()) g.decay = src.weight_decay();

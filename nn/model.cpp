@@ -162,7 +162,7 @@ void fill(const Tensor& t, Init init) {
 }
 
 // Draws `p`'s initial values into `dst` (fp32, on the host) from its own stream.
-void draw(const Param& p, uint64_t seed, const Tensor& dst) {
+void draw_values(const Param& p, uint64_t seed, const Tensor& dst) {
   if (p.init == Init::zeros || p.init == Init::ones) return fill(dst, p.init);
   Rng rng(mix_seed(seed, hash_name(p.name)));
   float* v = dst.as<float>();
@@ -193,6 +193,19 @@ void draw(const Param& p, uint64_t seed, const Tensor& dst) {
     default:
       return;
   }
+}
+
+// draw_values, then refuses values that are not finite: an init that makes them (a huge
+// NORMAL std, a degenerate fan) would train on NaN from the first step.
+void draw(const Param& p, uint64_t seed, const Tensor& dst) {
+  draw_values(p, seed, dst);
+  const float* v = dst.as<float>();
+  for (int64_t j = 0; j < dst.numel(); ++j)
+    if (!std::isfinite(v[j]))
+      throw_input(cat("the initial value of parameter '", p.name, "' at index ", j, " is ", v[j],
+                      "; its init (",
+                      p.init == Init::normal ? cat("NORMAL std ", p.std) : "the op's",
+                      ") makes non-finite weights"));
 }
 
 }  // namespace

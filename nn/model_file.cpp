@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <google/protobuf/io/tokenizer.h>
+#include "core/edit_distance.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 
@@ -205,10 +206,15 @@ void ModelFile::override_var(const std::string& var, const std::string& value,
   for (auto& w : *def_->mutable_var())
     if (w.name() == var) v = &w;
   if (!v) {
-    std::string names;
-    for (const auto& n : var_names()) names += (names.empty() ? "" : ", ") + n;
-    throw_input(cat(option, ": model '", name(), "' (", origin_, ") has no parameter '", var,
-                    "'; its parameters are ", names.empty() ? "none" : names));
+    std::string names, nearest;
+    size_t best = std::max<size_t>(2, var.size() / 3) + 1;  // at most this far away
+    for (const auto& n : var_names()) {
+      names += (names.empty() ? "" : ", ") + n;
+      if (const size_t d = edit_distance(var, n); d < best) best = d, nearest = n;
+    }
+    throw_input(cat(option, ": model '", name(), "' (", origin_, ") has no parameter '", var, "'",
+                    nearest.empty() ? "" : cat(" (did you mean ", nearest, "?)"),
+                    "; its parameters are ", names.empty() ? "none" : names));
   }
   overrides_.push_back(option + " " + value);
   auto range = [&] {

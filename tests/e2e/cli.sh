@@ -66,7 +66,7 @@ defaults_roundtrip() {  # NAME REQUIRED-ARGS...: the command's words up to the o
     || fail "$name: the defaults given through --config change the configuration"
   pass "$name: $n defaults printed by --help read back as the same values"
 }
-defaults_roundtrip train train -- --data x
+defaults_roundtrip train train -- --data "$DATA/train.h5"  # --print-config opens the data
 defaults_roundtrip eval eval -- --data x --checkpoint y
 defaults_roundtrip convert convert idx -- --images x --labels y --out z
 

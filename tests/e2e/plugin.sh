@@ -29,6 +29,7 @@ for f in bin/ringtrain lib/librt_nn.a lib/librt_kernels.a lib/librt_base.a \
   lib/cmake/ringtrain/ringtrainTargets.cmake; do
   [[ -f $prefix/$f ]] || fail "cmake --install did not install $f"
 done
+[[ -x $prefix/bin/ringrun ]] || fail "cmake --install did not install bin/ringrun (slurm/train.sbatch uses it)"
 pass "installed into $prefix"
 BIN=$prefix/bin/ringtrain # the installed binary from here on
 

@@ -130,7 +130,10 @@ for k in g["params"]:
     assert np.array_equal(f["params"][k][()], g["params"][k][()]), k
 print("best step", best["step"], "loss", best["loss"], "early stop at", stop)
 PY
-pass "--keep-best val_loss and --early-stop 2 agree with the eval records"
+# best.h5's best_* attributes are rewritten after the copy, and its meta_checksum with them.
+"$BIN" inspect "$dir/best/best.h5" >"$dir/best.inspect" || fail "inspect best.h5: $(tail -n 1 "$dir/best.inspect")"
+contains "valid: yes" <"$dir/best.inspect" || fail "best.h5 is not valid: $(tail -n 1 "$dir/best.inspect")"
+pass "--keep-best val_loss and --early-stop 2 agree with the eval records; best.h5 is valid"
 
 # 5. Failures and bad input at 2 ranks, on rank 1.
 rc=0
