@@ -4,15 +4,19 @@
 # --steps 50 of each model in fp32 and bf16, on 1 and 2 ranks, with --zero 0 and 1, and
 # compares every dataset (/params, /optimizer, /buffers, ...) and every attribute except the
 # ones that name the build (ringtrain_version, git_commit, versions) bit for bit (h5py).
-# Usage: tools/compare-checkpoints.sh [--models "mlp cnn"] REF_BIN NEW_BIN DATA.h5 [WORKDIR]
+# --ignore-attr NAME (repeatable) also skips an attribute that one version writes and the other
+# does not (e.g. meta_checksum, new in a later version).
+# Usage: tools/compare-checkpoints.sh [--models "mlp cnn"] [--ignore-attr NAME]... REF_BIN NEW_BIN DATA.h5 [WORKDIR]
 set -euo pipefail
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 models="mlp cnn"
+ignore=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --models) models=$2; shift 2 ;;
+    --ignore-attr) ignore="$ignore $2"; shift 2 ;;
     *) break ;;
   esac
 done
@@ -42,14 +46,14 @@ for model in $models; do
             { echo "$name: the $which run failed:"; tail -5 "$dir.out"; exit 2; }
         done
         runs=$((runs + 1))
-        if python3 - "$work/ref/$name/ckpt-000000050.h5" "$work/new/$name/ckpt-000000050.h5" <<'PY'; then
-import sys, h5py, numpy as np
-skip = {"ringtrain_version", "git_commit", "versions"}
+        if IGNORE=$ignore python3 - "$work/ref/$name/ckpt-000000050.h5" "$work/new/$name/ckpt-000000050.h5" <<'PY'; then
+import os, sys, h5py, numpy as np
+skip = {"ringtrain_version", "git_commit", "versions"} | set(os.environ["IGNORE"].split())
 a, b = (h5py.File(p, "r") for p in sys.argv[1:])
 bad = []
 def attrs(x, y, where):
-    if set(x.attrs) != set(y.attrs):
-        bad.append(f"{where}: attributes {sorted(set(x.attrs) ^ set(y.attrs))}")
+    if (set(x.attrs) ^ set(y.attrs)) - skip:
+        bad.append(f"{where}: attributes {sorted((set(x.attrs) ^ set(y.attrs)) - skip)}")
     for k in x.attrs:
         if k in skip or k not in y.attrs:
             continue
