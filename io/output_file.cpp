@@ -1,0 +1,109 @@
+// Safe output files and the full-disk message (see output_file.hpp).
+#include "io/output_file.hpp"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain::io {
+namespace {
+
+// The directory a path's file system is asked about: the path's parent, or the nearest
+// existing ancestor of it.
+std::string holding_dir(const std::string& path) {
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir)
+    dir = dir.parent_path();
+  return dir.string();
+}
+
+// fsync of a path, returning the errno of a failure (0 when fine).
+int fsync_errno(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  // A directory on some file systems refuses fsync; that is not a failed write.
+  return rc == 0 || err == EINVAL || err == EROFS ? 0 : err;
+}
+
+}  // namespace
+
+bool no_space_errno(int err) { return err == ENOSPC || err == EDQUOT; }
+
+int64_t free_bytes(const std::string& path) {
+  struct statvfs st {};
+  const std::string dir = fs::is_directory(path) ? path : holding_dir(path);
+  if (statvfs(dir.c_str(), &st) != 0) return -1;
+  return int64_t(st.f_bavail) * int64_t(st.f_frsize);
+}
+
+bool failed_for_space(const std::string& path, const std::string& cause) {
+  // The words each layer uses: strerror (ENOSPC, EDQUOT), HDF5's sec2 driver ("errno =
+  // 28"), Open MPI's MPI-IO error classes.
+  for (const char* words : {"No space left on device", "Disk quota exceeded", "errno = 28",
+                            "errno = 122", "MPI_ERR_NO_SPACE", "MPI_ERR_QUOTA", "ENOSPC"})
+    if (cause.find(words) != std::string::npos) return true;
+  const int64_t left = free_bytes(path);
+  return left >= 0 && left < (int64_t(1) << 20);
+}
+
+std::string full_disk_note(const std::string& path) {
+  const int64_t left = std::max<int64_t>(free_bytes(path), 0);
+  return cat("the file system holding '", holding_dir(path), "' is full (ENOSPC, ", left / 1024,
+             " KiB free)");
+}
+
+void throw_disk_full(const std::string& doing, const std::string& path, const std::string& after) {
+  throw Error(ErrorKind::runtime, cat(doing, " '", path, "' failed; ", full_disk_note(path),
+                                      after.empty() ? "" : "; ", after));
+}
+
+void commit_output(const std::string& tmp, const std::string& path) {
+  auto failed = [&](const char* step, int err) {
+    if (no_space_errno(err)) throw_disk_full("writing", path, "nothing was written");
+    throw_runtime(__FILE__, __LINE__,
+                  cat(step, " '", tmp, "' (for '", path, "') failed: ", std::strerror(err)));
+  };
+  if (const int err = fsync_errno(tmp)) failed("fsync", err);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) failed("rename", errno);
+  if (const int err = fsync_errno(holding_dir(path))) failed("fsync of the directory of", err);
+}
+
+void remove_quietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+int reserve_output(const std::string& path, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  int err = bytes == 0 ? 0 : ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, off_t(bytes));
+  if (err != 0) err = errno;
+  ::close(fd);
+  if (err == EOPNOTSUPP || err == ENOSYS) {  // no reservations here: check what is free
+    const int64_t left = free_bytes(path);
+    err = left >= 0 && uint64_t(left) < bytes ? ENOSPC : 0;
+  }
+  return err;
+}
+
+void release_unused_reserve(const std::string& path) {
+  // Truncating to its own size frees the blocks beyond the end (tmpfs, ext4, XFS).
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!ec) fs::resize_file(path, size, ec);
+}
+
+}  // namespace ringtrain::io
