@@ -30,7 +30,6 @@
 // rank 0's fsync and rename, and all end with the same message. The .tmp is removed; the
 // checkpoints already in the directory are untouched.
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -69,15 +68,6 @@ class Writer {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  // The file system's block size at `path`'s directory (4096 when it cannot be asked).
-  static hsize_t block_of(const std::string& path) {
-    struct statvfs st {};
-    const std::string dir = fs::path(path).parent_path().string();
-    return statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0
-               ? hsize_t(st.f_bsize)
-               : 4096;
-  }
-
   H5Id create(const std::string& path) {
     H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
     if (comm_ != MPI_COMM_NULL) {
@@ -86,7 +76,7 @@ class Writer {
       H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
     }
     // Large objects start on a file-system block, so no two writers share a block.
-    H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, block_of(path)));
+    H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, fs_block_size(path)));
     hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (f < 0)
       throw_runtime(__FILE__, __LINE__,
@@ -387,7 +377,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   int reserved = 0;
   if (rank == 0)
     reserved = reserve_output(tmp, checkpoint_bytes_bound(m, params, optimizer, per_rank, buffers,
-                                                          size, Writer::block_of(tmp)));
+                                                          size, fs_block_size(tmp)));
   if (comm != MPI_COMM_NULL) MPI_Bcast(&reserved, 1, MPI_INT, 0, comm);
   if (reserved != 0) fail_agreed(cat("creating it: ", std::strerror(reserved)));
 

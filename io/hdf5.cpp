@@ -2,6 +2,7 @@
 #include "io/hdf5.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -420,6 +421,13 @@ void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, i
   herr_t rc = H5Dread(ds, h5_type(dst.dtype), mspace, fspace, H5P_DEFAULT, dst.data);
   RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
              "); the file may be corrupt");
+}
+
+uint64_t fs_block_size(const std::string& path) {
+  struct statvfs st {};
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0 ? uint64_t(st.f_bsize)
+                                                                              : 4096;
 }
 
 uint64_t h5_file_bytes_bound(const std::vector<ChunkedExtent>& datasets, uint64_t block,

@@ -140,6 +140,9 @@ void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, i
 // `chunk_bytes` as stored (HDF5 allocates every chunk whole, an edge chunk too), chunks of
 // 64 KiB or more aligned to `block` (what the parallel writers ask with H5Pset_alignment),
 // plus `attr_bytes` of attribute values; generous room for HDF5's own metadata.
+// The block size of the file system holding `path` (its directory; 4096 when unknown): the
+// parallel writers align chunks of 64 KiB or more to it, so that no two ranks share a block.
+uint64_t fs_block_size(const std::string& path);
 struct ChunkedExtent {
   uint64_t bytes = 0, chunk_bytes = 0;
 };

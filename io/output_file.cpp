@@ -65,9 +65,47 @@ std::string full_disk_note(const std::string& path) {
              " KiB free)");
 }
 
+std::string disk_full_message(const std::string& doing, const std::string& path,
+                              const std::string& after) {
+  return cat(doing, " '", path, "' failed; ", full_disk_note(path), after.empty() ? "" : "; ",
+             after);
+}
+
 void throw_disk_full(const std::string& doing, const std::string& path, const std::string& after) {
-  throw Error(ErrorKind::runtime, cat(doing, " '", path, "' failed; ", full_disk_note(path),
-                                      after.empty() ? "" : "; ", after));
+  throw Error(ErrorKind::runtime, disk_full_message(doing, path, after));
+}
+
+void rethrow_write_failure(const std::string& path, const std::function<void()>& remove) {
+  std::string message;
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (failed_for_space(path, e.what()))
+      message = disk_full_message("writing", path, "nothing was written");
+  } catch (...) {
+  }
+  remove();
+  if (!message.empty()) throw Error(ErrorKind::runtime, message);
+  throw;
+}
+
+void write_outputs(const std::vector<std::string>& paths,
+                   const std::function<void(std::string* current)>& write) {
+  std::string current = paths.empty() ? std::string() : paths.front();
+  size_t committed = 0;
+  try {
+    write(&current);
+    for (const std::string& p : paths) {
+      current = p;
+      commit_output(p + ".tmp", p);
+      ++committed;
+    }
+  } catch (...) {
+    rethrow_write_failure(current, [&] {
+      for (size_t i = 0; i < paths.size(); ++i)
+        remove_quietly(paths[i] + (i < committed ? "" : ".tmp"));
+    });
+  }
 }
 
 void commit_output(const std::string& tmp, const std::string& path) {
@@ -79,6 +117,32 @@ void commit_output(const std::string& tmp, const std::string& path) {
   if (const int err = fsync_errno(tmp)) failed("fsync", err);
   if (::rename(tmp.c_str(), path.c_str()) != 0) failed("rename", errno);
   if (const int err = fsync_errno(holding_dir(path))) failed("fsync of the directory of", err);
+}
+
+void write_whole_file(const std::string& path,
+                      std::initializer_list<std::pair<const void*, size_t>> pieces) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (!no_space_errno(err))  // a directory that is missing or not writable: the user's to fix
+      throw_input(cat("cannot create '", path, "': ", std::strerror(err)));
+    throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", std::strerror(err)));
+  }
+  for (const auto& [data, bytes] : pieces) {
+    const char* p = static_cast<const char*>(data);
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t n = ::write(fd, p + done, bytes - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : ENOSPC;  // no progress: the device took nothing
+        ::close(fd);
+        throw_runtime(__FILE__, __LINE__, cat("writing '", path, "' failed: ", std::strerror(err)));
+      }
+      done += size_t(n);
+    }
+  }
+  if (::close(fd) != 0)
+    throw_runtime(__FILE__, __LINE__, cat("closing '", path, "' failed: ", std::strerror(errno)));
 }
 
 void remove_quietly(const std::string& path) {

@@ -9,7 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ringtrain::io {
 
@@ -24,9 +28,12 @@ int64_t free_bytes(const std::string& path);
 bool failed_for_space(const std::string& path, const std::string& cause);
 // "the file system holding 'DIR' is full (ENOSPC, 12 KiB free)"
 std::string full_disk_note(const std::string& path);
-// Throws the runtime error (exit 2) for a full file system:
+// The message for a full file system:
 // "<doing> '<path>' failed; the file system holding 'DIR' is full (ENOSPC, N KiB free)"
 // followed by "; <after>" when after is not empty.
+std::string disk_full_message(const std::string& doing, const std::string& path,
+                              const std::string& after = "");
+// Throws it as a runtime error (exit 2).
 [[noreturn]] void throw_disk_full(const std::string& doing, const std::string& path,
                                   const std::string& after = "");
 
@@ -34,8 +41,25 @@ std::string full_disk_note(const std::string& path);
 // failure throws (the full-disk message when it is one) and leaves tmp for the caller to
 // remove.
 void commit_output(const std::string& tmp, const std::string& path);
+// Writes the pieces (pointer, bytes) one after the other as the whole of `path` (created
+// or truncated), checking every write and the close; a failure throws a runtime error with
+// the system's words (ENOSPC: "No space left on device").
+void write_whole_file(const std::string& path,
+                      std::initializer_list<std::pair<const void*, size_t>> pieces);
 // Removes `path` if it exists, ignoring errors (the cleanup of a failed write).
 void remove_quietly(const std::string& path);
+
+// All of `paths` or none: runs write(), which writes each PATH as PATH.tmp (setting
+// *current to the PATH it is at, for the message), then commits them (commit_output). On
+// any error every .tmp, and every PATH already committed, is removed and the error
+// rethrown, as the full-disk message ("writing '<current>' failed; ...; nothing was
+// written") when the file system is full. One process writes them all.
+void write_outputs(const std::vector<std::string>& paths,
+                   const std::function<void(std::string* current)>& write);
+// Rethrows the exception being handled, as the full-disk message when `path` failed for
+// lack of space, after remove() has cleaned up (the free space is measured before it).
+[[noreturn]] void rethrow_write_failure(const std::string& path,
+                                        const std::function<void()>& remove);
 
 // Creates (truncates) `path` empty and reserves `bytes` of space for it beyond its end
 // (fallocate with FALLOC_FL_KEEP_SIZE: the file stays empty, so HDF5 creates it as new, and
