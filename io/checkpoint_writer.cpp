@@ -55,7 +55,7 @@ constexpr hsize_t kChunkBytes = 1 << 20;
 
 class Writer {
  public:
-  explicit Writer(MPI_Comm comm) : comm_(comm) {
+  Writer(MPI_Comm comm, int64_t step) : comm_(comm), step_(step) {
     if (comm_ != MPI_COMM_NULL) {
       MPI_Comm_rank(comm_, &rank_);
       MPI_Comm_size(comm_, &size_);
@@ -264,7 +264,11 @@ class Writer {
     if (!failure_.empty()) return false;
     size_t first = 0;
     while (first < iov.size()) {
-      const ssize_t n = ::pwritev(fd_, iov.data() + first, int(iov.size() - first), at);
+      ssize_t n = ::pwritev(fd_, iov.data() + first, int(iov.size() - first), at);
+      if (fault_requested("savewrite", step_)) {  // tests: as if the disk were full
+        n = -1;
+        errno = ENOSPC;
+      }
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         failure_ = cat("writing dataset '", name, "' to '", path_,
@@ -284,6 +288,7 @@ class Writer {
   }
 
   MPI_Comm comm_;
+  int64_t step_;  // of the checkpoint, for RINGTRAIN_TEST_FAIL
   int rank_ = 0, size_ = 1;
   H5Id dxpl_;
   std::string path_;
@@ -384,7 +389,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   std::string failure;  // agreed across ranks
   try {
     CollectiveFileScope collective;  // destroyed last: the handles below are inside it
-    Writer w(comm);
+    Writer w(comm, m.step);
     H5Id f = w.create(tmp);
     write_attr(f, "format", std::string(kCheckpointFormat));
     write_attr(f, "format_version", kCheckpointVersion);
@@ -450,6 +455,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     // With MPI-IO, the flush syncs every rank's data; skipped (by every rank) after a failure.
     if (failure.empty() && H5Fflush(f, H5F_SCOPE_GLOBAL) < 0)
       mine = cat("H5Fflush: ", h5_error_stack());
+    if (failure.empty() && fault_requested("saveflush", m.step))
+      mine = cat("H5Fflush: ", std::strerror(ENOSPC), " (RINGTRAIN_TEST_FAIL)");
     for (H5Id* id : {&og, &ls, &dg, &rg}) id->reset();
     // Closing is collective: every rank closes, whatever happened; checked, as it writes.
     if (f.close_status() < 0 && mine.empty()) mine = cat("H5Fclose: ", h5_error_stack());
@@ -470,6 +477,9 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
       release_unused_reserve(tmp);
       // Test-only: die like a killed job after the data is written but before the rename.
       if (const int64_t t = env::test_die_before_rename(); t && t == m.step) std::_Exit(9);
+      if (fault_requested("savecommit", m.step))
+        throw_runtime(__FILE__, __LINE__,
+                      cat("rename '", tmp, "': ", std::strerror(ENOSPC), " (RINGTRAIN_TEST_FAIL)"));
       commit_output(tmp, final_path);
       bytes = fs::file_size(final_path);
       prune(final_path);
