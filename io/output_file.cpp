@@ -60,9 +60,12 @@ bool failed_for_space(const std::string& path, const std::string& cause) {
 }
 
 std::string full_disk_note(const std::string& path) {
-  const int64_t left = std::max<int64_t>(free_bytes(path), 0);
-  return cat("the file system holding '", holding_dir(path), "' is full (ENOSPC, ", left / 1024,
-             " KiB free)");
+  const int64_t left = free_bytes(path);
+  // Much free space and still ENOSPC: a quota, a device like /dev/full, or space freed since.
+  const std::string detail = left >= 0 && left < (int64_t(1) << 20)
+                                 ? cat(left / 1024, " KiB free")
+                                 : std::string("no space left on device or quota exceeded");
+  return cat("the file system holding '", holding_dir(path), "' is full (ENOSPC, ", detail, ")");
 }
 
 std::string disk_full_message(const std::string& doing, const std::string& path,

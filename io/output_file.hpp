@@ -26,7 +26,8 @@ int64_t free_bytes(const std::string& path);
 // error text) failed for lack of space: the text says so, or the file system holding it
 // has less than 1 MiB left.
 bool failed_for_space(const std::string& path, const std::string& cause);
-// "the file system holding 'DIR' is full (ENOSPC, 12 KiB free)"
+// "the file system holding 'DIR' is full (ENOSPC, 12 KiB free)" (or, with 1 MiB or more
+// free, "(ENOSPC, no space left on device or quota exceeded)")
 std::string full_disk_note(const std::string& path);
 // The message for a full file system:
 // "<doing> '<path>' failed; the file system holding 'DIR' is full (ENOSPC, N KiB free)"
