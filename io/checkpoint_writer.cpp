@@ -371,11 +371,14 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   }
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
   const std::string kept = cat("the checkpoints already in '", dir(), "' are kept");
-  // Every rank ends an agreed failure the same way: rank 0 removes the .tmp, all throw.
+  // Every rank ends an agreed failure the same way: rank 0 removes the .tmp, all throw (the
+  // message first: the free space it names is the space the save met).
   auto fail_agreed = [&](const std::string& why) {
+    const std::string message = failed_for_space(tmp, why)
+                                    ? disk_full_message("saving checkpoint", final_path, kept)
+                                    : cat("saving checkpoint '", tmp, "' failed: ", why);
     if (rank == 0) remove_quietly(tmp);
-    if (failed_for_space(tmp, why)) throw_disk_full("saving checkpoint", final_path, kept);
-    throw Error(ErrorKind::runtime, cat("saving checkpoint '", tmp, "' failed: ", why));
+    throw Error(ErrorKind::runtime, message);
   };
 
   // Room for the whole file, reserved before HDF5 writes anything (see the top of the file).
