@@ -324,8 +324,8 @@ std::string failure_anywhere(MPI_Comm comm, const std::string& mine) {
   return text;
 }
 
-// An upper bound of the checkpoint file's bytes (h5_file_bytes_bound): every dataset with
-// its chunking, and the attributes.
+}  // namespace
+
 uint64_t checkpoint_bytes_bound(const CheckpointMeta& m, const std::vector<NamedTensor>& params,
                                 const std::vector<OptimizerState>& optimizer,
                                 const std::vector<NamedTensor>& per_rank,
@@ -353,8 +353,6 @@ uint64_t checkpoint_bytes_bound(const CheckpointMeta& m, const std::vector<Named
                          16 * m.input_channel_mean.size() + (4u << 10);
   return h5_file_bytes_bound(extents, block, attrs);
 }
-
-}  // namespace
 
 uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<NamedTensor>& params,
