@@ -43,10 +43,15 @@ void set_fault_rank(int rank) {
   fault();  // a malformed variable is reported at start-up
 }
 
-void maybe_inject_fault(const char* point, int64_t step) {
+bool fault_requested(const char* point, int64_t step) {
   const Fault& f = fault();
-  if (!f.valid || f.rank != g_rank.load() || std::strcmp(f.point, point) != 0) return;
-  if (f.step >= 0 && step >= 0 && f.step != step) return;
+  if (!f.valid || f.rank != g_rank.load() || std::strcmp(f.point, point) != 0) return false;
+  return f.step < 0 || step < 0 || f.step == step;
+}
+
+void maybe_inject_fault(const char* point, int64_t step) {
+  if (!fault_requested(point, step)) return;
+  const Fault& f = fault();
   throw Error(ErrorKind::runtime,
               cat("injected test failure at '", point, "' on rank ", f.rank,
                   step >= 0 ? cat(" in step ", step) : std::string(), " (RINGTRAIN_TEST_FAIL)"));

@@ -5,7 +5,10 @@
 // loader thread), forward, backward, reduce (the communication thread), gather (--zero 1's
 // all-gather, the communication thread), optimizer, eval,
 // save (between collective writes of a checkpoint), metrics (rank 0's metrics writer),
-// export (after `ringtrain export` built and checked the graph).
+// export (after `ringtrain export` built and checked the graph); and, where a checkpoint save
+// meets a write error without throwing (fault_requested), savewrite (this rank's direct chunk
+// write), saveflush (the HDF5 flush) and savecommit (rank 0's fsync and rename), each failing
+// as a full disk (ENOSPC).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +19,9 @@ namespace ringtrain {
 void set_fault_rank(int rank);
 // Throws when RINGTRAIN_TEST_FAIL names this rank, `point` and `step` (-1: any step).
 void maybe_inject_fault(const char* point, int64_t step = -1);
+// Whether RINGTRAIN_TEST_FAIL names this rank, `point` and `step`: for the points where the
+// caller simulates the failure itself (an errno) instead of throwing.
+bool fault_requested(const char* point, int64_t step = -1);
 
 // Test-only stall: RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather] holds rank RANK back for
 // SECONDS before step STEP, or before its all-gather of that step under --zero 1 (the stall

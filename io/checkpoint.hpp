@@ -94,6 +94,14 @@ void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTen
 bool validate_checkpoint(const std::string& path, std::string* why,
                          const std::vector<NamedTensor>& expected = {});
 
+// An upper bound of the bytes of the checkpoint file save() writes for these arguments on
+// `world` ranks, chunks aligned to `block` (io::h5_file_bytes_bound): what a save reserves
+// before HDF5 writes anything (checkpoint_writer.cpp).
+uint64_t checkpoint_bytes_bound(const CheckpointMeta& meta, const std::vector<NamedTensor>& params,
+                                const std::vector<OptimizerState>& optimizer,
+                                const std::vector<NamedTensor>& per_rank,
+                                const std::vector<NamedTensor>& buffers, int world, uint64_t block);
+
 class CheckpointStore {
  public:
   CheckpointStore(std::string dir, int keep);  // input error when the dir cannot be made

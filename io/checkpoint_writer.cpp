@@ -17,8 +17,19 @@
 // did not allocate a dataset's chunks as expected, and for sharded tensors (whose parts do
 // not fall on chunk boundaries), the data goes through H5Dwrite; RINGTRAIN_CHECKPOINT_DIRECT=0
 // sends everything through it.
+//
+// A full file system must end the save on every rank alike. HDF5 cannot promise that: when
+// one rank's write fails inside its collective metadata flush, that rank skips the flush's
+// barrier and goes on to the next collective while the others wait at it, for ever. So the
+// save first reserves room for the whole file (rank 0, fallocate beyond the end of the empty
+// .tmp, io/output_file.hpp) and every rank learns the outcome before HDF5 writes a byte; a
+// save that does not fit ends there, on every rank, with one message. The writes that follow
+// fall inside the reservation. This rank's own writes (the direct chunks, their fdatasync)
+// record a failure instead of throwing it, so that every rank still makes the same HDF5
+// calls; the ranks agree on any failure before the flush, again after the close, and on
+// rank 0's fsync and rename, and all end with the same message. The .tmp is removed; the
+// checkpoints already in the directory are untouched.
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -35,6 +46,7 @@
 #include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
 #include "io/meta_checksum.hpp"
+#include "io/output_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -45,7 +57,7 @@ constexpr hsize_t kChunkBytes = 1 << 20;
 
 class Writer {
  public:
-  explicit Writer(MPI_Comm comm) : comm_(comm) {
+  Writer(MPI_Comm comm, int64_t step) : comm_(comm), step_(step) {
     if (comm_ != MPI_COMM_NULL) {
       MPI_Comm_rank(comm_, &rank_);
       MPI_Comm_size(comm_, &size_);
@@ -66,12 +78,7 @@ class Writer {
       H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
     }
     // Large objects start on a file-system block, so no two writers share a block.
-    struct statvfs st {};
-    const std::string dir = fs::path(path).parent_path().string();
-    const hsize_t block = statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0
-                              ? hsize_t(st.f_bsize)
-                              : 4096;
-    H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, block));
+    H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, fs_block_size(path)));
     hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (f < 0)
       throw_runtime(__FILE__, __LINE__,
@@ -88,15 +95,19 @@ class Writer {
 
   // After the last dataset: this rank's direct writes reach the disk before rank 0 renames
   // the file (rank 0 fsyncs it too, but on a parallel file system each client flushes its
-  // own writes).
+  // own writes). A failure is recorded (failure()), not thrown.
   void finish() {
     if (fd_ < 0) return;
-    if (direct_chunks_ > 0 && ::fdatasync(fd_) != 0)
-      throw_runtime(__FILE__, __LINE__, cat("fdatasync '", path_, "': ", std::strerror(errno)));
-    ::close(fd_);
+    if (direct_chunks_ > 0 && failure_.empty() && ::fdatasync(fd_) != 0)
+      failure_ = cat("fdatasync '", path_, "': ", std::strerror(errno));
+    if (::close(fd_) != 0 && failure_.empty())
+      failure_ = cat("close '", path_, "': ", std::strerror(errno));
     fd_ = -1;
   }
   int64_t direct_chunks() const { return direct_chunks_; }
+  // This rank's first failed direct write, fdatasync or close ("" when none): the ranks
+  // agree on it before the next collective that could be skipped (see save()).
+  const std::string& failure() const { return failure_; }
 
   // Equal chunks of about kChunkBytes along the first dimension: the rows of one chunk.
   static hsize_t chunk_rows_of(const Shape& shape, DType dtype) {
@@ -242,21 +253,30 @@ class Writer {
       unsigned char sum[4];
       const uint32_t f = fletcher32(src, chunk_bytes);
       for (int i = 0; i < 4; ++i) sum[i] = static_cast<unsigned char>(f >> (8 * i));
-      pwrite_all(name, {{const_cast<unsigned char*>(src), chunk_bytes}, {sum, 4}},
-                 off_t(addr[r / chunk_rows]));
+      if (!pwrite_all(name, {{const_cast<unsigned char*>(src), chunk_bytes}, {sum, 4}},
+                      off_t(addr[r / chunk_rows])))
+        return;
       ++direct_chunks_;
     }
   }
 
-  void pwrite_all(const std::string& name, std::vector<iovec> iov, off_t at) const {
+  // Writes the whole of iov at `at`; false (the failure recorded) when it cannot, or when an
+  // earlier write of this save failed.
+  bool pwrite_all(const std::string& name, std::vector<iovec> iov, off_t at) {
+    if (!failure_.empty()) return false;
     size_t first = 0;
     while (first < iov.size()) {
-      const ssize_t n = ::pwritev(fd_, iov.data() + first, int(iov.size() - first), at);
+      ssize_t n = ::pwritev(fd_, iov.data() + first, int(iov.size() - first), at);
+      if (fault_requested("savewrite", step_)) {  // tests: as if the disk were full
+        n = -1;
+        errno = ENOSPC;
+      }
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        throw_runtime(__FILE__, __LINE__,
-                      cat("writing dataset '", name, "' to '", path_,
-                          "': ", n < 0 ? std::strerror(errno) : "no progress"));
+      if (n <= 0) {
+        failure_ = cat("writing dataset '", name, "' to '", path_,
+                       "': ", n < 0 ? std::strerror(errno) : "no progress");
+        return false;
+      }
       at += n;
       for (size_t left = size_t(n); left > 0;) {
         const size_t step = std::min(left, iov[first].iov_len);
@@ -266,15 +286,18 @@ class Writer {
         if (iov[first].iov_len == 0) ++first;
       }
     }
+    return true;
   }
 
   MPI_Comm comm_;
+  int64_t step_;  // of the checkpoint, for RINGTRAIN_TEST_FAIL
   int rank_ = 0, size_ = 1;
   H5Id dxpl_;
   std::string path_;
   int fd_ = -1;          // the .tmp file, for direct chunk writes
   bool direct_ = false;  // every rank has fd_ and RINGTRAIN_CHECKPOINT_DIRECT is not 0
   int64_t direct_chunks_ = 0;
+  std::string failure_;
 };
 
 // Creates the groups of a path like "optimizer/fc1.weight/exp_avg" that do not exist yet.
@@ -285,16 +308,53 @@ void ensure_parents(hid_t file, const std::string& path) {
   }
 }
 
-// "; the file system holding DIR is full (12 KiB free)" when it nearly is, else "".
-std::string space_note(const std::string& dir) {
-  struct statvfs st {};
-  if (statvfs(dir.c_str(), &st) != 0) return "";
-  const uint64_t free_bytes = uint64_t(st.f_bavail) * st.f_frsize;
-  if (free_bytes >= (4u << 20)) return "";
-  return cat("; the file system holding '", dir, "' is full (", free_bytes / 1024, " KiB free)");
+// The first failure of any rank (the lowest failing rank's text) on every rank; "" when no
+// rank failed. Collective over comm.
+std::string failure_anywhere(MPI_Comm comm, const std::string& mine) {
+  if (comm == MPI_COMM_NULL) return mine;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int first = mine.empty() ? size : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return "";
+  std::string text = mine;
+  int len = int(text.size());
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  text.resize(size_t(len));
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
+  return text;
 }
 
 }  // namespace
+
+uint64_t checkpoint_bytes_bound(const CheckpointMeta& m, const std::vector<NamedTensor>& params,
+                                const std::vector<OptimizerState>& optimizer,
+                                const std::vector<NamedTensor>& per_rank,
+                                const std::vector<NamedTensor>& buffers, int world,
+                                uint64_t block) {
+  std::vector<ChunkedExtent> extents;
+  auto add = [&](const Shape& logical, DType dtype, bool one_row_chunks) {
+    const Shape shape = logical.empty() ? Shape{1} : logical;
+    const uint64_t bytes = uint64_t(shape_numel(shape)) * dtype_size(dtype);
+    const uint64_t rows = uint64_t(std::max<int64_t>(shape[0], 1));
+    const uint64_t chunk_rows = one_row_chunks ? 1 : Writer::chunk_rows_of(shape, dtype);
+    extents.push_back({bytes, chunk_rows * (bytes / rows)});
+  };
+  for (const auto& p : params) add(p.logical_shape(), p.tensor.dtype, false);
+  for (const auto& b : buffers) add(b.logical_shape(), b.tensor.dtype, false);
+  for (const auto& s : optimizer)
+    for (const auto& p : s.per_param) add(p.logical_shape(), p.tensor.dtype, false);
+  for (const auto& p : per_rank) {
+    Shape shape = {world};
+    shape.insert(shape.end(), p.tensor.shape.begin(), p.tensor.shape.end());
+    add(shape, p.tensor.dtype, true);
+  }
+  const uint64_t attrs = m.model.size() + m.plugins.size() + m.precision.size() +
+                         m.optimizer.size() + m.ringtrain_version.size() +
+                         16 * m.input_channel_mean.size() + (4u << 10);
+  return h5_file_bytes_bound(extents, block, attrs);
+}
 
 uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<NamedTensor>& params,
@@ -304,12 +364,35 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   require_finite_for_save(m, params, optimizer, buffers);  // before any file is created
   H5Lock lock;
   direct_chunks_ = 0;
-  int rank = 0;
-  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
+  int rank = 0, size = 1;
+  if (comm != MPI_COMM_NULL) {
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+  }
   const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
+  const std::string kept = cat("the checkpoints already in '", dir(), "' are kept");
+  // Every rank ends an agreed failure the same way: rank 0 removes the .tmp, all throw (the
+  // message first: the free space it names is the space the save met).
+  auto fail_agreed = [&](const std::string& why) {
+    const std::string message = failed_for_space(tmp, why)
+                                    ? disk_full_message("saving checkpoint", final_path, kept)
+                                    : cat("saving checkpoint '", tmp, "' failed: ", why);
+    if (rank == 0) remove_quietly(tmp);
+    throw Error(ErrorKind::runtime, message);
+  };
+
+  // Room for the whole file, reserved before HDF5 writes anything (see the top of the file).
+  int reserved = 0;
+  if (rank == 0)
+    reserved = reserve_output(tmp, checkpoint_bytes_bound(m, params, optimizer, per_rank, buffers,
+                                                          size, fs_block_size(tmp)));
+  if (comm != MPI_COMM_NULL) MPI_Bcast(&reserved, 1, MPI_INT, 0, comm);
+  if (reserved != 0) fail_agreed(cat("creating it: ", std::strerror(reserved)));
+
+  std::string failure;  // agreed across ranks
   try {
     CollectiveFileScope collective;  // destroyed last: the handles below are inside it
-    Writer w(comm);
+    Writer w(comm, m.step);
     H5Id f = w.create(tmp);
     // The attributes come from the schema's table, in its order; each group's are written at
     // the point below where they always were, since the order of writes shapes the file.
@@ -348,23 +431,49 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
     write_meta_checksum(f);  // after the last attribute
     w.finish();
     direct_chunks_ = w.direct_chunks();
-    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // with MPI-IO: every rank's data synced
-    // Leaving the block closes the file collectively: complete on every rank's side. On an
-    // error the handles stay open (see H5Id) and the job ends from this rank.
+    // Agreed before the flush: a rank whose direct write failed must not leave the others
+    // in the flush's collectives.
+    failure = failure_anywhere(comm, w.failure());
+    std::string mine;
+    // With MPI-IO, the flush syncs every rank's data; skipped (by every rank) after a failure.
+    if (failure.empty() && H5Fflush(f, H5F_SCOPE_GLOBAL) < 0)
+      mine = cat("H5Fflush: ", h5_error_stack());
+    if (failure.empty() && fault_requested("saveflush", m.step))
+      mine = cat("H5Fflush: ", std::strerror(ENOSPC), " (RINGTRAIN_TEST_FAIL)");
+    for (H5Id* id : {&og, &ls, &dg, &rg}) id->reset();
+    // Closing is collective: every rank closes, whatever happened; checked, as it writes.
+    if (f.close_status() < 0 && mine.empty()) mine = cat("H5Fclose: ", h5_error_stack());
+    if (failure.empty()) failure = failure_anywhere(comm, mine);
   } catch (const Error& e) {
-    throw Error(ErrorKind::runtime,
-                cat("saving checkpoint '", tmp, "' failed", space_note(dir()), ": ", e.what()));
+    // A failed HDF5 call on this rank (H5_CHECK): the job ends from here (launch's
+    // fail_job); the handles stay open (see H5Id), the .tmp is pruned by the next save.
+    if (failed_for_space(tmp, e.what())) throw_disk_full("saving checkpoint", final_path, kept);
+    throw Error(ErrorKind::runtime, cat("saving checkpoint '", tmp, "' failed: ", e.what()));
   }
-  if (rank != 0) return 0;
-  // Test-only: die like a killed job after the data is written but before the rename.
-  if (const int64_t t = env::test_die_before_rename(); t && t == m.step) std::_Exit(9);
-  fsync_path(tmp);
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  RT_CHECK(!ec, "rename '", tmp, "' -> '", final_path, "': ", ec.message());
-  fsync_path(final_path, /*dir=*/true);
-  const uint64_t bytes = fs::file_size(final_path);
-  prune(final_path);
+  if (!failure.empty()) fail_agreed(failure);
+
+  // Rank 0 commits the file; the others wait for the outcome, so that all end alike.
+  uint64_t bytes = 0;
+  std::string commit_failure;
+  if (rank == 0) {
+    try {
+      release_unused_reserve(tmp);
+      // Test-only: die like a killed job after the data is written but before the rename.
+      if (const int64_t t = env::test_die_before_rename(); t && t == m.step) std::_Exit(9);
+      if (fault_requested("savecommit", m.step))
+        throw_runtime(__FILE__, __LINE__,
+                      cat("rename '", tmp, "': ", std::strerror(ENOSPC), " (RINGTRAIN_TEST_FAIL)"));
+      commit_output(tmp, final_path);
+      bytes = fs::file_size(final_path);
+      prune(final_path);
+    } catch (const Error& e) {
+      commit_failure = e.what();
+      if (failed_for_space(tmp, commit_failure))  // the words every rank will recognise
+        commit_failure = cat(commit_failure, " (ENOSPC)");
+    }
+  }
+  commit_failure = failure_anywhere(comm, commit_failure);
+  if (!commit_failure.empty()) fail_agreed(commit_failure);
   return bytes;
 }
 

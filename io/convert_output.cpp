@@ -3,13 +3,13 @@
 // the loader's direct pread path applies; labels carry Fletcher32 checksums.
 #include "io/convert_output.hpp"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+
+#include "io/output_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -21,21 +21,40 @@ ParallelH5Writer::ParallelH5Writer(MPI_Comm comm) : comm_(comm) {
   H5_CHECK(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE));
 }
 
-H5Id ParallelH5Writer::create(const std::string& path) const {
+H5Id ParallelH5Writer::create(const std::string& path, uint64_t reserve_bytes) const {
+  int reserved = 0;
+  if (rank_ == 0) reserved = reserve_output(path, reserve_bytes);
+  MPI_Bcast(&reserved, 1, MPI_INT, 0, comm_);
+  if (reserved != 0) {  // the same on every rank
+    if (rank_ == 0) remove_quietly(path);
+    if (no_space_errno(reserved)) throw_disk_full("writing", path, "nothing was written");
+    throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", std::strerror(reserved)));
+  }
   H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
   H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
   H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
-  struct statvfs st {};  // large objects start on a file-system block: no shared blocks
-  const std::string dir = fs::path(path).parent_path().string();
-  const hsize_t block = statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0
-                            ? hsize_t(st.f_bsize)
-                            : 4096;
-  H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, block));
+  // Large objects start on a file-system block: no shared blocks.
+  H5_CHECK(H5Pset_alignment(fapl, 64 * 1024, fs_block_size(path)));
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (f < 0)
     throw_runtime(__FILE__, __LINE__, cat("cannot create '", path, "': ", h5_error_stack()));
   return H5Id(f);
+}
+
+ChunkedExtent ParallelH5Writer::extent(const Shape& shape, DType dtype, int64_t chunk_rows) {
+  const uint64_t rows = uint64_t(std::max<int64_t>(shape.empty() ? 1 : shape[0], 1));
+  const uint64_t bytes = uint64_t(shape_numel(shape)) * dtype_size(dtype);
+  const uint64_t row_bytes = std::max<uint64_t>(bytes / rows, 1);
+  const uint64_t chunk =
+      chunk_rows > 0 ? uint64_t(chunk_rows) : std::max<uint64_t>(1, (1u << 20) / row_bytes);
+  return {bytes, std::min(chunk, rows) * row_bytes};
+}
+
+void ParallelH5Writer::close(H5Id& file, const std::string& path) {
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
+    throw_runtime(__FILE__, __LINE__, cat("flushing '", path, "' failed: ", h5_error_stack()));
+  file.close(cat("'", path, "'"));
 }
 
 void ParallelH5Writer::write_rows(hid_t loc, const std::string& name, DType dtype,
@@ -69,6 +88,7 @@ void ParallelH5Writer::write_rows(hid_t loc, const std::string& name, DType dtyp
     H5_CHECK(H5Sselect_none(mspace));
   }
   H5_CHECK(H5Dwrite(ds, h5_type(dtype), mspace, fspace, dxpl_, data));
+  ds.close(cat("dataset '", name, "'"));
 }
 
 void ParallelH5Writer::write_strings(hid_t loc, const std::string& name,
@@ -92,6 +112,7 @@ void ParallelH5Writer::write_strings(hid_t loc, const std::string& name,
     H5_CHECK(H5Sselect_none(mspace));
   }
   H5_CHECK(H5Dwrite(ds, type, mspace, fspace, dxpl_, buf.data()));
+  ds.close(cat("dataset '", name, "'"));
 }
 
 std::vector<std::string> read_strings(hid_t loc, const std::string& name, const std::string& what) {
@@ -202,6 +223,8 @@ std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string
   const int64_t bytes = shape_numel(h.sample_shape) * int64_t(dtype_size(h.dtype));
   std::vector<int32_t> labels32;
   if (h.has_labels) labels32.assign(labels, labels + count);
+  std::string current = names.front();  // the file being written, for the message
+  size_t committed = 0;
   try {
     H5Lock lock;
     CollectiveFileScope collective;  // no one-rank closes of MPI-IO handles while unwinding
@@ -211,34 +234,44 @@ std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string
       // This rank's rows of the shard: [lo, lo + count) ∩ [s_lo, s_hi), in shard rows.
       const int64_t a = std::max(lo, s_lo), b = std::min(lo + count, s_hi);
       const int64_t mine = std::max<int64_t>(0, b - a);
-      H5Id f = w.create(names[size_t(s)] + ".tmp");
-      write_header(f, h);
       Shape shape = {s_hi - s_lo};
       shape.insert(shape.end(), h.sample_shape.begin(), h.sample_shape.end());
+      const int64_t c = int64_t(h.mean.size());
+      uint64_t names_bytes = 0;
+      for (const auto& cn : h.class_names) names_bytes += cn.size() + 8;
+      std::vector<ChunkedExtent> extents = {ParallelH5Writer::extent(shape, h.dtype),
+                                            ParallelH5Writer::extent({c}, DType::f64),
+                                            ParallelH5Writer::extent({c}, DType::f64),
+                                            {names_bytes, names_bytes}};
+      if (h.has_labels)
+        extents.push_back(ParallelH5Writer::extent({s_hi - s_lo}, DType::i32, 1 << 18));
+      current = names[size_t(s)];
+      H5Id f = w.create(names[size_t(s)] + ".tmp",
+                        h5_file_bytes_bound(extents, fs_block_size(names[size_t(s)]), 4096));
+      write_header(f, h);
       const uint8_t* src = mine ? images + (a - lo) * bytes : images;
       w.write_rows(f, "images", h.dtype, shape, a - s_lo, mine, src, /*checksum=*/false);
       if (h.has_labels)
         w.write_rows(f, "labels", DType::i32, {s_hi - s_lo}, a - s_lo, mine,
                      mine ? labels32.data() + (a - lo) : labels32.data(), true, 1 << 18);
-      const int64_t c = int64_t(h.mean.size());
       w.write_rows(f, "mean", DType::f64, {c}, 0, rank == 0 ? c : 0, h.mean.data(), false);
       w.write_rows(f, "std", DType::f64, {c}, 0, rank == 0 ? c : 0, h.std.data(), false);
       if (!h.class_names.empty()) w.write_strings(f, "class_names", h.class_names);
+      ParallelH5Writer::close(f, names[size_t(s)] + ".tmp");
     }
     MPI_Barrier(comm);  // every file closed on every rank before any is renamed
     if (rank == 0) {
       for (const auto& name : names) {
-        std::error_code ec;
-        fs::rename(name + ".tmp", name, ec);
-        RT_CHECK(!ec, "rename '", name, ".tmp' -> '", name, "': ", ec.message());
+        current = name;
+        commit_output(name + ".tmp", name);
+        ++committed;
       }
     }
   } catch (...) {
-    for (const auto& name : names) {
-      std::error_code ec;
-      fs::remove(name + ".tmp", ec);
-    }
-    throw;
+    rethrow_write_failure(current, [&] {
+      for (size_t i = 0; i < names.size(); ++i)
+        remove_quietly(names[i] + (i < committed ? "" : ".tmp"));
+    });
   }
   return names;
 }

@@ -21,7 +21,14 @@ namespace ringtrain::io {
 class ParallelH5Writer {
  public:
   explicit ParallelH5Writer(MPI_Comm comm);
-  H5Id create(const std::string& path) const;  // truncates
+  // Creates (truncates) `path` after rank 0 reserved `reserve_bytes` for it (an upper bound
+  // of the file, e.g. h5_file_bytes_bound of the extents below): HDF5's collective flush
+  // cannot agree across ranks on a failed write, so the writes must not run out of space.
+  // A file system without that room is the full-disk error on every rank, before HDF5
+  // writes anything.
+  H5Id create(const std::string& path, uint64_t reserve_bytes) const;
+  // The extent of a dataset write_rows creates (its chunking), for the reservation.
+  static ChunkedExtent extent(const Shape& shape, DType dtype, int64_t chunk_rows = 0);
   // A dataset of global `shape` (rows along dim 0), chunked by `chunk_rows` rows (0: about
   // 1 MiB), with Fletcher32 when `checksum`; this rank writes rows [lo, lo + count) from
   // `data` (count rows, contiguous).
@@ -29,6 +36,9 @@ class ParallelH5Writer {
                   int64_t count, const void* data, bool checksum, int64_t chunk_rows = 0) const;
   // A 1-d dataset of fixed-length UTF-8 strings (the same list on every rank).
   void write_strings(hid_t loc, const std::string& name, const std::vector<std::string>& v) const;
+  // Flushes and closes the file (collective), checked: what HDF5 still caches is written
+  // here, so a full disk shows here.
+  static void close(H5Id& file, const std::string& path);
 
  private:
   MPI_Comm comm_;
@@ -65,7 +75,8 @@ std::vector<std::string> shard_names(const std::string& out, int shards);
 // Collective over comm: writes the dataset files (shard k holds the samples
 // [k*N/S, (k+1)*N/S)) from this rank's samples [lo, lo + count) (images as stored, labels
 // when h.has_labels). Each file is written as NAME.tmp; rank 0 renames all when all are
-// complete. On an error, this rank removes the .tmp files before rethrowing.
+// complete. On an error, this rank removes the .tmp files before rethrowing (the full-disk
+// message when the file system is full).
 std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string& out, int shards,
                                                 const DatasetHeader& h, int64_t lo, int64_t count,
                                                 const uint8_t* images, const int64_t* labels);

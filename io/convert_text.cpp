@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "io/convert_output.hpp"
+#include "io/output_file.hpp"
 #include "io/tokens.hpp"
 
 namespace fs = std::filesystem;
@@ -199,27 +200,19 @@ TextConvertResult convert_text(const std::vector<std::string>& inputs, const std
   if (!r.val_file.empty()) all_files.push_back(r.val_file);
   // Written under .tmp names, renamed when every file is complete: a failed conversion
   // leaves nothing that looks like a dataset.
-  try {
+  write_outputs(all_files, [&](std::string* current) {
     for (int s = 0; s < shards; ++s) {
       const int64_t lo = r.train_tokens * s / shards, hi = r.train_tokens * (s + 1) / shards;
+      *current = r.train_files[size_t(s)];
       write_token_file(r.train_files[size_t(s)] + ".tmp", train.data() + lo, hi - lo,
                        docs_within(train_docs, lo, hi), kByteVocab, "bytes", "train");
     }
-    if (!val.empty())
+    if (!val.empty()) {
+      *current = r.val_file;
       write_token_file(r.val_file + ".tmp", val.data(), r.val_tokens, val_docs, kByteVocab, "bytes",
                        "val");
-    for (const auto& f : all_files) {
-      std::error_code ec;
-      fs::rename(f + ".tmp", f, ec);
-      RT_CHECK(!ec, "rename '", f, ".tmp' -> '", f, "': ", ec.message());
     }
-  } catch (...) {
-    for (const auto& f : all_files) {
-      std::error_code ec;
-      fs::remove(f + ".tmp", ec);
-    }
-    throw;
-  }
+  });
   return r;
 }
 

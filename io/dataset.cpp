@@ -14,6 +14,8 @@
 #include <regex>
 #include <set>
 
+#include "io/output_file.hpp"
+
 namespace fs = std::filesystem;
 
 namespace ringtrain::io {
@@ -270,6 +272,7 @@ void write_one(const std::string& path, const uint8_t* images, const Shape& shap
     H5Id cds(H5_CHECK(
         H5Dcreate2(file, name, H5T_NATIVE_DOUBLE, cspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
     H5_CHECK(H5Dwrite(cds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v->data()));
+    cds.close(cat("dataset '", name, "' of '", path, "'"));
   }
   // No filters on the data: uncompressed chunks let HDF5 read a selection straight from the
   // file without staging whole chunks.
@@ -281,7 +284,10 @@ void write_one(const std::string& path, const uint8_t* images, const Shape& shap
   H5Id ds(H5_CHECK(
       H5Dcreate2(file, "images", H5T_NATIVE_UINT8, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   H5_CHECK(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, images));
+  // Closing writes the chunks HDF5 still caches: a full disk often shows only here.
+  ds.close(cat("dataset 'images' of '", path, "'"));
   write_dataset(file, "labels", Tensor(const_cast<int32_t*>(labels), {n}, DType::i32), 1 << 18);
+  file.close(cat("'", path, "'"));
 }
 
 }  // namespace
@@ -334,25 +340,15 @@ std::vector<std::string> write_dataset_files(const std::string& path, const uint
   }
   // Each file is written under a .tmp name and the names are given only when all are
   // complete: a failed conversion leaves no file that looks like a dataset.
-  try {
+  write_outputs(out, [&](std::string* current) {
     for (int s = 0; s < shards; ++s) {
       const int64_t lo = n * s / shards, hi = n * (s + 1) / shards;
       Shape part = shape;
       part[0] = hi - lo;
+      *current = out[size_t(s)];
       write_one(out[size_t(s)] + ".tmp", images + lo * per, part, labels + lo, num_classes, st);
     }
-    for (const auto& f : out) {
-      std::error_code ec;
-      fs::rename(f + ".tmp", f, ec);
-      RT_CHECK(!ec, "rename '", f, ".tmp' -> '", f, "': ", ec.message());
-    }
-  } catch (...) {
-    for (const auto& f : out) {
-      std::error_code ec;
-      fs::remove(f + ".tmp", ec);
-    }
-    throw;
-  }
+  });
   return out;
 }
 

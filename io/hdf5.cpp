@@ -2,8 +2,10 @@
 #include "io/hdf5.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -13,17 +15,29 @@
 namespace ringtrain::io {
 
 namespace {
+struct Collected {
+  std::string text;
+  bool no_space = false;
+};
+
 herr_t collect(unsigned n, const H5E_error2_t* e, void* data) {
-  auto* out = static_cast<std::string*>(data);
-  if (n < 3 && e->desc && *e->desc) *out += cat(n ? "; " : "", e->func_name, ": ", e->desc);
+  auto* out = static_cast<Collected*>(data);
+  if (!e->desc || !*e->desc) return 0;
+  if (n < 3) out->text += cat(n ? "; " : "", e->func_name, ": ", e->desc);
+  // The sec2 driver's words for a full device, deep in the stack.
+  const std::string desc = e->desc;
+  if (desc.find("errno = 28,") != std::string::npos ||
+      desc.find("No space left on device") != std::string::npos)
+    out->no_space = true;
   return 0;
 }
 }  // namespace
 
 std::string h5_error_stack() {
-  std::string out;
+  Collected out;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &out);
-  return out.empty() ? "no HDF5 error message" : out;
+  if (out.text.empty()) out.text = "no HDF5 error message";
+  return out.no_space ? out.text + " (ENOSPC)" : out.text;
 }
 
 std::recursive_mutex& hdf5_mutex() {
@@ -33,18 +47,26 @@ std::recursive_mutex& hdf5_mutex() {
 
 void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-void H5Id::reset() {
-  if (id_ < 0) return;
+void H5Id::reset() { close_status(); }
+
+void H5Id::close(const std::string& what) {
+  if (close_status() < 0)
+    throw_runtime(__FILE__, __LINE__, cat("closing ", what, " failed: ", h5_error_stack()));
+}
+
+herr_t H5Id::close_status() {
+  if (id_ < 0) return 0;
   H5Lock lock;
+  herr_t rc = 0;
   switch (H5Iget_type(id_)) {
     case H5I_FILE:
-      H5Fclose(id_);
+      rc = H5Fclose(id_);
       break;
     case H5I_GROUP:
-      H5Gclose(id_);
+      rc = H5Gclose(id_);
       break;
     case H5I_DATASET:
-      H5Dclose(id_);
+      rc = H5Dclose(id_);
       break;
     case H5I_DATASPACE:
       H5Sclose(id_);
@@ -62,6 +84,7 @@ void H5Id::reset() {
       break;
   }
   id_ = H5I_INVALID_HID;
+  return rc;
 }
 
 H5Id open_file_readonly(const std::string& path, const char* role) {
@@ -328,6 +351,7 @@ void write_dataset(hid_t loc, const std::string& name, const Tensor& t, int64_t 
       H5Dcreate2(loc, name.c_str(), h5_type(t.dtype), space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   if (t.numel() > 0)
     H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
+  ds.close(cat("dataset '", name, "'"));  // writes its cached chunks: a full disk shows here
 }
 
 namespace {
@@ -423,6 +447,30 @@ void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, i
   herr_t rc = H5Dread(ds, h5_type(dst.dtype), mspace, fspace, H5P_DEFAULT, dst.data);
   RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
              "); the file may be corrupt");
+}
+
+uint64_t fs_block_size(const std::string& path) {
+  struct statvfs st {};
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 && st.f_bsize > 0 ? uint64_t(st.f_bsize)
+                                                                              : 4096;
+}
+
+uint64_t h5_file_bytes_bound(const std::vector<ChunkedExtent>& datasets, uint64_t block,
+                             uint64_t attr_bytes) {
+  // Measured on checkpoints of 12 to 171 datasets (mlp, cnn, resnet, ZeRO-1): HDF5's own
+  // bytes were 3.2 to 3.7 KiB per dataset (object header, its link in a group, the chunk
+  // B-tree node) plus about 40 KiB per file; the constants below are about twice that.
+  // Each attribute's value is counted twice (an object header may be rewritten as it grows).
+  uint64_t total = (64u << 10) + 2 * attr_bytes;
+  for (const ChunkedExtent& d : datasets) {
+    const uint64_t chunk = std::max<uint64_t>(d.chunk_bytes, 1);
+    const uint64_t chunks = d.bytes == 0 ? 0 : (d.bytes + chunk - 1) / chunk;
+    const uint64_t pad = chunk >= (64u << 10) ? block : 0;  // alignment of each chunk
+    // 8 bytes a chunk: Fletcher32 and slack; one more B-tree node per 64 chunks.
+    total += chunks * (chunk + 8 + pad) + (6u << 10) + (chunks / 64) * (4u << 10);
+  }
+  return total;
 }
 
 void fsync_path(const std::string& path, bool dir) {

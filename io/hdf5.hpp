@@ -18,7 +18,9 @@
 
 namespace ringtrain::io {
 
-std::string h5_error_stack();  // the innermost messages of HDF5's current error stack
+// The outermost messages of HDF5's current error stack, and "(ENOSPC)" when an inner one
+// says the device is full (so that a caller can tell a full file system from other errors).
+std::string h5_error_stack();
 
 // Debian's parallel HDF5 is not built thread-safe: every io entry point that calls HDF5
 // holds this (recursive) lock, so the loader's prefetch thread and the main thread's
@@ -79,7 +81,13 @@ class H5Id {
   }
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
+  // Closes without looking at the result (destructors, cleanup after an error).
   void reset();
+  // Closes and returns HDF5's result: closing a file or dataset writes what HDF5 still caches
+  // of it, so a writer checks it (the id is released either way).
+  herr_t close_status();
+  // Closes; a failure throws a runtime error naming `what` with HDF5's message stack.
+  void close(const std::string& what);
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -129,6 +137,20 @@ void select_flat_range(hid_t space, const Shape& shape, int64_t lo, int64_t n);
 // (input error naming `what` when the dataset is missing, misshapen or unreadable).
 void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,
                        const Tensor& dst, const std::string& what);
+
+// For reserving an HDF5 file's space before it is written (io/output_file.hpp): an upper
+// bound of the bytes of a file of chunked datasets, each holding `bytes` in chunks of
+// `chunk_bytes` as stored (HDF5 allocates every chunk whole, an edge chunk too), chunks of
+// 64 KiB or more aligned to `block` (what the parallel writers ask with H5Pset_alignment),
+// plus `attr_bytes` of attribute values; generous room for HDF5's own metadata.
+// The block size of the file system holding `path` (its directory; 4096 when unknown): the
+// parallel writers align chunks of 64 KiB or more to it, so that no two ranks share a block.
+uint64_t fs_block_size(const std::string& path);
+struct ChunkedExtent {
+  uint64_t bytes = 0, chunk_bytes = 0;
+};
+uint64_t h5_file_bytes_bound(const std::vector<ChunkedExtent>& datasets, uint64_t block,
+                             uint64_t attr_bytes);
 
 // Flushes a closed file's data to stable storage (open + fsync + close); also fsyncs the
 // directory that holds it when `dir` is true.

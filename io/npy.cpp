@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "io/output_file.hpp"
 
 namespace ringtrain::io {
 
@@ -292,8 +293,6 @@ void write_npy_f32(const std::string& path, const float* data, const Shape& shap
   const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
   header.append(total - 10 - header.size() - 1, ' ');
   header += '\n';
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  RT_REQUIRE(out, "cannot create '", path, "'");
   const uint8_t pre[10] = {0x93,
                            'N',
                            'U',
@@ -304,11 +303,8 @@ void write_npy_f32(const std::string& path, const float* data, const Shape& shap
                            0,
                            uint8_t(header.size() & 0xff),
                            uint8_t(header.size() >> 8)};
-  out.write(reinterpret_cast<const char*>(pre), 10);
-  out.write(header.data(), std::streamsize(header.size()));
-  out.write(reinterpret_cast<const char*>(data), std::streamsize(shape_numel(shape) * 4));
-  out.close();
-  if (!out) throw_runtime(__FILE__, __LINE__, cat("writing '", path, "' failed"));
+  write_whole_file(
+      path, {{pre, 10}, {header.data(), header.size()}, {data, size_t(shape_numel(shape)) * 4}});
 }
 
 }  // namespace ringtrain::io

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "io/output_file.hpp"
 
 namespace ringtrain::launch {
 
@@ -122,10 +123,11 @@ void MetricsWriter::write(const JsonLine& line) {
   while (done < text.size()) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
+    if (n <= 0) {
+      if (n == 0 || io::no_space_errno(errno)) io::throw_disk_full("writing --metrics", path_);
       throw_runtime(__FILE__, __LINE__,
-                    cat("writing --metrics '", path_,
-                        "' failed: ", n < 0 ? std::strerror(errno) : "nothing written"));
+                    cat("writing --metrics '", path_, "' failed: ", std::strerror(errno)));
+    }
     done += size_t(n);
   }
 }
@@ -133,6 +135,7 @@ void MetricsWriter::write(const JsonLine& line) {
 void MetricsWriter::close() {
   if (fd_ < 0) return;
   const int rc = ::close(std::exchange(fd_, -1));
+  if (rc != 0 && io::no_space_errno(errno)) io::throw_disk_full("closing --metrics", path_);
   if (rc != 0)
     throw_runtime(__FILE__, __LINE__,
                   cat("closing --metrics '", path_, "' failed: ", std::strerror(errno)));

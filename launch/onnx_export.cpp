@@ -19,6 +19,7 @@
 
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "io/output_file.hpp"
 #include "launch/commands.hpp"
 #include "launch/device.hpp"
 #include "launch/evaluate.hpp"
@@ -162,23 +163,11 @@ onnx::ModelProto export_onnx(const std::string& checkpoint) {
 }
 
 void write_model(const onnx::ModelProto& m, const std::string& out) {
-  const std::string tmp = out + ".tmp";
-  try {
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      RT_REQUIRE(f, "--out '", out, "': '", tmp, "' cannot be created (", std::strerror(errno),
-                 ")");
-      RT_CHECK(m.SerializeToOstream(&f) && f.flush(), "writing '", tmp, "' failed (",
-               std::strerror(errno), ")");
-    }
-    std::error_code ec;
-    fs::rename(tmp, out, ec);
-    RT_CHECK(!ec, "rename '", tmp, "' -> '", out, "': ", ec.message());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
+  std::string bytes;
+  RT_CHECK(m.SerializeToString(&bytes), "serialising the ONNX model for '", out, "' failed");
+  io::write_outputs({out}, [&](std::string*) {
+    io::write_whole_file(out + ".tmp", {{bytes.data(), bytes.size()}});
+  });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "io/convert_output.hpp"
 #include "io/npy.hpp"
+#include "io/output_file.hpp"
 #include "launch/device.hpp"
 #include "launch/evaluate.hpp"
 #include "launch/job.hpp"
@@ -97,17 +98,6 @@ struct PredictSetup {
 };
 
 // Removes `tmp` on this rank if `fn` throws, then rethrows.
-template <typename Fn>
-void removing_on_error(const std::string& tmp, Fn&& fn) {
-  try {
-    fn();
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
-}
-
 void write_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, int64_t lo,
               int64_t count, const std::vector<float>& scores, const std::vector<int32_t>& labels) {
   const int64_t n = s.data->info().num_samples, c = s.classes, k = s.k;
@@ -115,12 +105,23 @@ void write_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, in
   std::vector<float> top_scores(size_t(count * k));
   top_k_rows(scores.data(), count, c, k, top.data(), top_scores.data());
   const std::string tmp = cfg.out + ".tmp";
-  removing_on_error(tmp, [&] {
+  bool committed = false;
+  try {
     io::H5Lock lock;
     io::CollectiveFileScope collective;
     io::ParallelH5Writer w(comm);
     {
-      io::H5Id f = w.create(tmp);
+      uint64_t names_bytes = 0;
+      for (const auto& cn : s.class_names) names_bytes += cn.size() + 8;
+      const std::vector<io::ChunkedExtent> extents = {
+          io::ParallelH5Writer::extent({n, c}, DType::f32),
+          io::ParallelH5Writer::extent({n, k}, DType::i32),
+          io::ParallelH5Writer::extent({n, k}, DType::f32),
+          io::ParallelH5Writer::extent({n}, DType::i32),
+          {names_bytes, names_bytes}};
+      io::H5Id f =
+          w.create(tmp, io::h5_file_bytes_bound(extents, io::fs_block_size(tmp),
+                                                cfg.checkpoint.size() + cfg.data.size() + 1024));
       io::write_attr(f, "format", std::string("ringtrain-predictions"));
       io::write_attr(f, "format_version", int64_t(1));
       io::write_attr(f, "checkpoint", cfg.checkpoint);
@@ -136,16 +137,18 @@ void write_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, in
       if (!labels.empty())
         w.write_rows(f, "labels", DType::i32, {n}, lo, count, labels.data(), true);
       if (!s.class_names.empty()) w.write_strings(f, "class_names", s.class_names);
+      io::ParallelH5Writer::close(f, tmp);
     }
     MPI_Barrier(comm);  // closed everywhere before it gets its name
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
     if (rank == 0) {
-      std::error_code ec;
-      fs::rename(tmp, cfg.out, ec);
-      RT_CHECK(!ec, "rename '", tmp, "' -> '", cfg.out, "': ", ec.message());
+      io::commit_output(tmp, cfg.out);
+      committed = true;
     }
-  });
+  } catch (...) {
+    io::rethrow_write_failure(cfg.out, [&] { io::remove_quietly(committed ? cfg.out : tmp); });
+  }
 }
 
 void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicator& comm,
@@ -162,12 +165,8 @@ void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicat
   std::vector<float> all(comm.rank() == 0 ? size_t(n * c) : 0);
   comm.gatherv(scores.data(), all.data(), counts, DType::f32, 0);
   if (comm.rank() != 0) return;
-  const std::string tmp = cfg.out + ".tmp";
-  removing_on_error(tmp, [&] {
-    io::write_npy_f32(tmp, all.data(), {n, c});
-    std::error_code ec;
-    fs::rename(tmp, cfg.out, ec);
-    RT_CHECK(!ec, "rename '", tmp, "' -> '", cfg.out, "': ", ec.message());
+  io::write_outputs({cfg.out}, [&](std::string*) {
+    io::write_npy_f32(cfg.out + ".tmp", all.data(), {n, c});
   });
 }
 

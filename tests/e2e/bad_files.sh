@@ -235,7 +235,7 @@ PYEOF
 run 2 1 "'$dir/nan.h5': sample $bad (row $bad of this file) holds nan at element 3; float images must be finite [rank 1 " \
   train --data "$dir/nan.h5" --seed 42 --global-batch-size 256 --steps 1 --hidden 8 --threads 1
 # --metrics on a full device: rank 0's first write fails, exit 2 naming the file.
-run 2 2 "writing --metrics '/dev/full' failed: No space left on device" \
+run 2 2 "writing --metrics '/dev/full' failed; the file system holding '/dev' is full (ENOSPC" \
   train --data "$DATA/train.h5" --steps 2 --hidden 8 --threads 1 --metrics /dev/full
 # --tensorboard on a file system that fills up during training (a tmpfs mounted here with
 # one free page): the write that does not fit ends the job with exit 2 naming the file.

@@ -436,6 +436,60 @@ namespace {
 // per-channel /mean and /std) through the loader with crop+flip: the global batches are
 // bitwise the same on 1, 2 and 3 ranks, and from a loader that seeks to a saved position
 // (a resume), and the normalisation is per channel.
+// A save reserves checkpoint_bytes_bound before HDF5 writes: were the file ever larger,
+// HDF5 could meet a full disk inside its collective flush (checkpoint_writer.cpp). Many
+// small datasets (a ResNet's), a large multi-chunk one, per-rank rows and buffers, with and
+// without direct chunk writes; and the bound is not wildly above the file either.
+TEST_F(IoTest, CheckpointBytesBoundCoversTheFile) {
+  CheckpointMeta meta;
+  meta.step = 1;
+  meta.precision = "fp32";
+  meta.model = std::string(3000, 'm');  // a model file's text
+  meta.optimizer = "adamw";
+  std::vector<std::vector<float>> store;
+  auto tensor = [&](Shape shape) {
+    store.emplace_back(size_t(shape_numel(shape)), 0.5f);
+    return Tensor(store.back().data(), shape, DType::f32);
+  };
+  store.reserve(1000);
+  struct Case {
+    const char* name;
+    std::vector<NamedTensor> params, per_rank, buffers;
+  };
+  std::vector<Case> cases(3);
+  cases[0].name = "many small";
+  for (int i = 0; i < 150; ++i)
+    cases[0].params.push_back({cat("layer", i, ".weight"), tensor({3, 5})});
+  for (int i = 0; i < 20; ++i)
+    cases[0].buffers.push_back({cat("bn", i, ".running_var"), tensor({8})});
+  cases[1].name = "large";
+  cases[1].params = {{"a", tensor({3000, 700})}, {"b", tensor({5})}};
+  cases[2].name = "per-rank rows";
+  cases[2].params = {{"w", tensor({300, 300})}};
+  cases[2].per_rank = {{"rng/streams", tensor({100})}};
+  for (const Case& c : cases) {
+    std::vector<OptimizerState> opt(2);
+    opt[0].state = "exp_avg";
+    opt[1].state = "exp_avg_sq";
+    for (const auto& p : c.params)
+      for (auto& s : opt) s.per_param.push_back({p.name, p.tensor});
+    for (int pipeline : {0, 1}) {
+      if (pipeline)
+        setenv("RINGTRAIN_CHECKPOINT_DIRECT", "0", 1);
+      else
+        unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+      CheckpointStore st(path(cat("bound", &c - cases.data(), pipeline)), 1);
+      st.save(MPI_COMM_NULL, meta, c.params, opt, c.per_rank, c.buffers);
+      const uint64_t file = std::filesystem::file_size(st.list().back());
+      const uint64_t bound =
+          checkpoint_bytes_bound(meta, c.params, opt, c.per_rank, c.buffers, 1, 4096);
+      EXPECT_LE(file, bound) << c.name << (pipeline ? ", through HDF5" : ", direct");
+      EXPECT_LE(bound, file + file / 2 + (2u << 20)) << c.name << ": the bound is too generous";
+    }
+  }
+  unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+}
+
 TEST_F(IoTest, AugmentedCifarBatchesAreTheSameOnAnyRankCountAndAfterASeek) {
   const int64_t n = 96, per = 3 * 32 * 32;
   std::vector<uint8_t> img(static_cast<size_t>(n * per));
