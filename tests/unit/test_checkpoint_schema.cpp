@@ -17,6 +17,7 @@
 #include "io/checkpoint.hpp"
 #include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
+#include "io/meta_checksum.hpp"
 
 namespace fs = std::filesystem;
 
@@ -93,6 +94,10 @@ void change_attr(const std::string& file, const CheckpointAttr& a, F change) {
   H5Id f(H5_CHECK(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)));
   H5Id g(*a.group ? H5_CHECK(H5Gopen2(f, a.group, H5P_DEFAULT)) : H5I_INVALID_HID);
   change(*a.group ? g.get() : f.get());
+  // A consistent metadata checksum, as a tool that edits attributes on purpose would write:
+  // these tests are of the schema's rules, the checksum's own test is test_hostile_meta.cpp.
+  g.reset();
+  write_meta_checksum(f);
 }
 
 // The input error read_checkpoint_meta(file) throws ("" when none).
