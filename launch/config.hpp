@@ -113,8 +113,9 @@ struct ModelShowConfig {
   std::string model;  // a built-in name or a model file
   std::vector<TrainConfig::VarOverride> model_vars;
   std::vector<std::string> plugins;
-  std::string input;    // C,H,W or D: overrides the file's input_shape
-  int64_t classes = 0;  // 0: the file's, else 10
+  std::string input;            // C,H,W or D: overrides the file's input_shape
+  int64_t classes = 0;          // 0: the file's, else 10
+  std::string layer_precision;  // "conv1=fp32,...", as train's --layer-precision
 };
 
 struct ConvertConfig {

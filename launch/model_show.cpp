@@ -1,6 +1,7 @@
 // `ringtrain model show FILE|NAME [--input C,H,W]`: the layer table of a model (node, op,
-// output shape, parameters, forward FLOPs per sample, dtype) and its totals, as Keras's
-// summary() or torchinfo print it. Reads no data and allocates no parameters.
+// output shape, parameters, forward FLOPs per sample, dtype under --precision and
+// --layer-precision) and its totals, as Keras's summary() or torchinfo print it. Reads no
+// data and allocates no parameters.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -70,6 +71,7 @@ void show(const ModelShowConfig& c, const std::string& precision) {
                           : token_model ? vars.at("padded_vocab").i
                                         : 10;
   f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
+  f.add_layer_precision(c.layer_precision);  // checked by plan_model, as for train
   const ModelPlan plan = plan_model(f);
   const auto nodes = make_graph_nodes(f, plan);  // also checks init and share
   std::printf("model '%s' (%s): input %s, %lld classes\n", f.name().c_str(), f.origin().c_str(),
@@ -122,6 +124,7 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
         ("input", po::value(&c.input), "one sample's shape, C,H,W or D (default: the file's input_shape)")
         ("classes", po::value(&c.classes), "number of classes (default: the file's, else 10)")
         ("precision", po::value(&precision)->default_value("fp32"), "the run's compute dtype, for the dtype column")
+        ("layer-precision", po::value(&c.layer_precision), "per-layer compute dtype overrides, LAYER=DTYPE[,...] (e.g. conv1=fp32), as for train")
         ("hidden", po::value<std::string>(), "mlp: var hidden")
         ("dropout", po::value<std::string>(), "cnn: var dropout")
         ("depth", po::value<std::string>(), "resnet: var depth")

@@ -94,7 +94,8 @@ def read_results(paths):
 
 def best_points(records):
     """One record per (series, mode, ranks): the fastest of the repeats (the least disturbed
-    by anything else on the machine), with how many repeats there were and their spread."""
+    by anything else on the machine), with how many repeats there were and their spread,
+    (max - min) / median of their samples/s (None from a single repeat: unknown)."""
     groups = {}
     for r in records:
         groups.setdefault((r["series"], r["mode"], r["ranks"]), []).append(r)
@@ -105,6 +106,8 @@ def best_points(records):
         sps = [r["samples_per_sec"] for r in rs]
         best["repeats"] = len(rs)
         best["samples_per_sec_min"] = min(sps)
+        best["samples_per_sec_max"] = max(sps)
+        best["spread"] = (max(sps) - min(sps)) / statistics.median(sps) if len(rs) > 1 else None
         out.append(best)
     return out
 
@@ -123,8 +126,42 @@ def with_efficiency(points):
         b = base[(p["series"], p["mode"])]
         q = dict(p)
         q["base_ranks"] = b["ranks"]
+        q["base_repeats"] = b.get("repeats", 1)
+        q["base_spread"] = b.get("spread")
         q["speedup"] = p["samples_per_sec"] / b["samples_per_sec"]
         q["efficiency"] = q["speedup"] / (p["ranks"] / b["ranks"])
+        out.append(q)
+    return out
+
+
+# Repeats whose samples/s differ by more than this fraction of their median are flagged.
+MAX_SPREAD = 0.10
+
+
+def flag_points(points, max_spread=MAX_SPREAD):
+    """Adds `flags`, the reasons not to trust a point's efficiency, to each point of
+    with_efficiency: its repeats disagree (spread above max_spread) or there was one, so
+    nobody knows; or its reference point (the series' smallest rank count) is noisier than
+    the effect measured against it: the reference's spread at least |efficiency - 1|, or the
+    reference ran once. An empty list: nothing known against the point."""
+    out = []
+    for p in points:
+        q = dict(p, flags=[])
+        spread = p.get("spread")
+        if p.get("repeats", 1) <= 1:
+            q["flags"].append("1 repeat: no spread known")
+        elif spread > max_spread:
+            q["flags"].append(f"repeats disagree: spread {100 * spread:.1f}% > "
+                              f"{100 * max_spread:.1f}%")
+        if p["ranks"] != p["base_ranks"]:
+            base = f"reference ({p['base_ranks']} rank{'s' if p['base_ranks'] > 1 else ''})"
+            effect = abs(p["efficiency"] - 1.0)
+            if p.get("base_repeats", 1) <= 1:
+                q["flags"].append(f"{base} from 1 repeat: no spread known")
+            elif p["base_spread"] >= effect:
+                q["flags"].append(f"{base} noisier than the effect: its spread "
+                                  f"{100 * p['base_spread']:.1f}% >= {100 * effect:.1f}%, the "
+                                  "efficiency's distance from 100%")
         out.append(q)
     return out
 

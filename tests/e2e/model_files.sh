@@ -245,6 +245,43 @@ rn=$((rn + 16 * 9 * 32 + 32 * 9 * 32 + 4 * 32 + 16 * 32 + 2 * 32)) # stage 3 + s
 rn=$((rn + 32 * 10 + 10))                                  # fc
 want_total "$rn" resnet --input 3,32,32 --width 8
 
+# --layer-precision on model show: the dtype column shows each override (an exact name, a
+# prefix at a dot) and --precision elsewhere; bad items are train's input errors (exit 1).
+# dtypes ARGS...: "node=dtype" of every row of `model show ARGS` (the dtype column follows
+# the FLOPs after two spaces; shapes hold spaces, so no field number finds it).
+dtypes() { show "$@" | sed -nE 's/^([^ ]+) .*  (fp32|fp16|bf16) .*/\1=\2/p'; }
+# want_dtypes WANT ARGS...: the rows of `model show ARGS` are "node=dtype ..." as WANT.
+want_dtypes() {
+  local want=$1 got
+  shift
+  got=$(dtypes "$@" | paste -sd ' ')
+  [[ $got == "$want" ]] || fail "model show $*: dtypes '$got', want '$want'"
+  pass "model show $*: $got"
+}
+want_dtypes "conv1=fp32 conv2=bf16 pool=bf16 dropout=bf16 flatten=bf16 fc1=bf16 fc2=fp16" \
+  cnn --input 1,28,28 --precision bf16 --layer-precision conv1=fp32,fc2=fp16
+want_dtypes "fc1=fp32 fc2=fp32" mlp --input 784 --hidden 16
+got=$(dtypes resnet --input 3,32,32 --width 8 --precision fp16 --layer-precision stage2=fp32)
+grep -q '^stage2\.' <<<"$got" || fail "resnet: no stage2 rows: $got"
+bad_rows=$(awk -F= '($1 ~ /^stage2\./) != ($2 == "fp32")' <<<"$got")
+[[ -z $bad_rows && $(grep -c fp16 <<<"$got") -gt 0 ]] ||
+  fail "resnet --layer-precision stage2=fp32: want fp32 exactly on stage2.*: $got"
+pass "model show resnet --layer-precision stage2=fp32: every stage2.* row fp32, the rest fp16"
+# bad_lp LIST WANT: `model show cnn --layer-precision LIST` exits 1 with one error saying WANT.
+bad_lp() {
+  local rc=0
+  mpi 2 "$BIN" model show cnn --input 1,28,28 --layer-precision "$1" >"$dir/out" 2>"$dir/err" ||
+    rc=$?
+  [[ $rc -eq 1 ]] || { cat "$dir/err"; fail "--layer-precision $1: exited $rc, expected 1"; }
+  if [[ $(grep -c '^ringtrain: error:' "$dir/err") -ne 1 ]] || ! grep -qF -- "$2" "$dir/err"; then
+    fail "--layer-precision $1: want one error saying '$2': $(cat "$dir/err")"
+  fi
+  pass "model show --layer-precision $1: exit 1, '$2'"
+}
+bad_lp conv9=fp32 "the model has no layer 'conv9'; its layers are conv1, conv2, pool"
+bad_lp conv1=fp8 "--layer-precision 'conv1=fp8': 'fp8' is not fp32, fp16 or bf16"
+bad_lp conv1 "--layer-precision 'conv1' is not LAYER=DTYPE (e.g. conv1=fp32)"
+
 # A user model written only as a file (BatchNorm, a residual add, widths no built-in has)
 # trains on 2 ranks in bf16 and evaluates from its checkpoint alone.
 src=$(dirname "$0")/../../examples/lenet_bn.pbtxt

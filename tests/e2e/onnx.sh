@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `ringtrain export --format onnx` checked by the real consumers, PyPI's `onnx` and
-# `onnxruntime` (in a venv this test makes, cached under the build dir): an MLP, the CNN
+# `onnxruntime` (in a venv made by docs/interop.md's recipe, cached under the build dir;
+# with h5py, whose Debian build does not import beside PyPI's numpy 2): an MLP, the CNN
 # (dropout removed), a ResNet (GELU as erf, BatchNorm), examples/lenet_bn.pbtxt (a residual
 # add) and a model file of the other ops (concat, reshape, last-axis linear, layer norm,
 # every activation kind), each trained for a few steps at 2 ranks and exported at 2 ranks, pass
@@ -19,8 +20,13 @@ cd "$dir" || exit 1
 export OMP_NUM_THREADS=1
 venv=$E2E_DIR/onnx-venv
 if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import onnx, onnxruntime, h5py' 2>/dev/null; then
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q onnx onnxruntime h5py || fail "pip install onnx onnxruntime h5py"
+  # docs/interop.md's venv recipe, as written but for the venv's path and Debian's python3.
+  recipe=$(sed -n '/<!-- interop: ort_venv.sh -->/,/^```$/p' "$src/docs/interop.md" | sed '1,2d;$d')
+  [[ $recipe == *"venv ort-venv"*"pip install"*h5py* ]] ||
+    fail "docs/interop.md: no venv recipe installing h5py: '$recipe'"
+  rm -rf "$venv"
+  sed "s#ort-venv#$venv#g; s#^python3 #/usr/bin/python3 #; s#/pip install #/pip install -q #" \
+    <<<"$recipe" | bash -euo pipefail || fail "docs/interop.md's venv recipe failed"
 fi
 PY=$venv/bin/python
 

@@ -12,6 +12,66 @@ S=$SRC/benchmarks/scaling
 "$S/report" --help | contains "efficiency" || fail "report --help"
 "$S/model" --help | contains "predict" || fail "model --help"
 
+# Flags on crafted points (weak, 1 and 2 ranks): "steady" repeats agree and its 94.6% is
+# far outside its reference's 2% spread; "noisyref"'s 1-rank repeats spread 26%, more than
+# the 0.4% its 2-rank point differs from ideal; "single" ran once, 152% against one 1-rank run.
+/usr/bin/python3 - "$dir/crafted.jsonl" <<'PY'
+import json, sys
+rows = []
+for series, ranks, runs in [("steady", 1, [1000, 1010, 990]), ("steady", 2, [1900, 1910]),
+                            ("noisyref", 1, [1000, 1300]), ("noisyref", 2, [2600, 2610]),
+                            ("single", 1, [1000]), ("single", 2, [3040])]:
+    for i, sps in enumerate(runs):
+        rows.append({"type": "scaling_point", "series": series, "mode": "weak", "ranks": ranks,
+                     "batch_per_rank": 64, "global_batch": 64 * ranks, "samples_per_sec": sps,
+                     "repeat": i})
+open(sys.argv[1], "w").write("".join(json.dumps(r) + "\n" for r in rows))
+PY
+check_flags() {  # check_flags MAX_SPREAD_ARGS...: the report's flags on the crafted points
+  rm -rf "$dir/crafted"
+  "$S/report" "$dir/crafted.jsonl" --out "$dir/crafted" "$@" 2>"$dir/crafted.err" ||
+    fail "report of the crafted points failed: $(cat "$dir/crafted.err")"
+  /usr/bin/python3 - "$dir/crafted" "$dir/crafted.err" "$@" <<'PY' || fail "flags of the crafted points ($*)"
+import json, os, sys
+d, err, args = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3:]
+rep = json.load(open(os.path.join(d, "report.json")))
+pts = {(p["series"], p["ranks"]): p for p in rep["points"]}
+loose = args == ["--max-spread", "30"]
+want = {("steady", 1): [], ("steady", 2): [],
+        ("noisyref", 1): [] if loose else ["repeats disagree: spread 26.1% > 10.0%"],
+        ("noisyref", 2): ["reference (1 rank) noisier than the effect: its spread 26.1% >= 0.4%"],
+        ("single", 1): ["1 repeat: no spread known"],
+        ("single", 2): ["1 repeat: no spread known",
+                        "reference (1 rank) from 1 repeat: no spread known"]}
+for k, flags in want.items():
+    got = pts[k]["flags"]
+    assert len(got) == len(flags) and all(g.startswith(f) for g, f in zip(got, flags)), (k, got)
+assert abs(pts[("noisyref", 1)]["spread"] - 300 / 1150) < 1e-12 and pts[("single", 2)]["spread"] is None
+assert abs(pts[("single", 2)]["efficiency"] - 1.52) < 1e-12
+# A warning line for each flagged point, none for the others.
+warned = {(l.split()[2], int(l.split()[4])) for l in err.splitlines() if l.startswith("report: warning: ")}
+assert warned == {k for k, f in want.items() if f}, (warned, err)
+# The table: the flags in their column, every row as many cells as the header.
+lines = open(os.path.join(d, "report.md")).read().splitlines()
+head = next(l for l in lines if l.startswith("| series |"))
+cells = lambda l: [x.strip() for x in l.strip().strip("|").split("|")]
+col = cells(head).index("flags")
+for l in lines:
+    if l.startswith("| steady") or l.startswith("| noisyref") or l.startswith("| single"):
+        c = cells(l)
+        assert len(c) == len(cells(head)), l
+        assert c[col] == ("; ".join(pts[(c[0], int(c[2]))]["flags"]) or "-"), l
+# The efficiency plot reaches every point (152% included) and rings each flagged one.
+plot = rep["plots"]["efficiency.png"]
+assert plot["ylim"][0] <= 0 and plot["ylim"][1] > max(p["efficiency"] for p in rep["points"]), plot
+assert plot["flagged"] == sum(1 for f in want.values() if f), plot
+print("ok")
+PY
+}
+check_flags
+check_flags --max-spread 30
+pass "report flags: repeats that disagree, a reference noisier than the effect, single repeats; efficiency.png unclipped"
+
 "$S/run" --bin "$BIN" --data "$DATA/train.h5" --ranks 1,2 --mode weak,strong --batch-size 64 \
   --steps 60 --log-every 20 --out "$dir/results.jsonl" --keep-logs -- --hidden 256 || fail "run failed"
 [[ $(wc -l <"$dir/results.jsonl") -eq 4 ]] || fail "expected 4 points in results.jsonl"
@@ -49,6 +109,7 @@ for row in rows:
     mode, n = c[1], int(c[2])
     eff = by[(mode, n)]["samples_per_sec"] / by[(mode, 1)]["samples_per_sec"] / n
     assert c[8] == f"{100 * eff:.1f}%", (row, eff)
+    assert c[-1].startswith("1 repeat: no spread known"), row  # one run each: all flagged
 print("ok")
 PY
 pass "run: 4 points; report: table and plots consistent with them"
