@@ -19,11 +19,11 @@
 #include "comm/shard_layout.hpp"
 #include "io/checkpoint.hpp"
 #include "launch/config.hpp"
-#include "launch/device.hpp"
-#include "launch/model_source.hpp"
-#include "launch/step_observers.hpp"
 #include "nn/model.hpp"
 #include "nn/optimizer.hpp"
+#include "train/device.hpp"
+#include "train/model_source.hpp"
+#include "train/step_observers.hpp"
 
 namespace ringtrain::launch {
 
