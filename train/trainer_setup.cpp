@@ -39,7 +39,7 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm, InputsOnly)
     : cfg_(std::move(cfg)), comm_(comm) {
-  agree(comm_, [&] { setup_inputs(); });
+  run_and_agree(comm_, [&] { setup_inputs(); });
 }
 
 void Trainer::check_inputs(TrainConfig cfg, comm::Communicator& comm) {
