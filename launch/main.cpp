@@ -16,6 +16,7 @@
 #include "launch/commands.hpp"
 #include "train/job.hpp"
 #include "train/signals.hpp"
+#include "train/version.hpp"
 
 namespace {
 

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "launch/commands.hpp"
+#include "launch/config.hpp"
 #include "ringtrain/model.pb.h"
 #include "train/job.hpp"
 #include "train/model_source.hpp"
