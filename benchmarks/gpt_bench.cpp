@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       model->backward(ctx, d);
       rt::Tensor g = model->grad();
       comm.allreduce(g.data, g.numel(), g.dtype, rt::comm::ReduceOp::sum);
-      // As the Trainer does (launch/trainer.cpp, unscale_and_check): a read-only non-finite
+      // As the Trainer does (train/trainer.cpp, unscale_and_check): a read-only non-finite
       // check of the average, which AdamW takes as it reads the sums.
       const float average = 1.f / float(comm.size());
       RT_REQUIRE(!be->unscale_check(g, average, rt::Tensor()), "non-finite gradients at loss ",

@@ -26,8 +26,8 @@
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "comm/shard_layout.hpp"
-#include "launch/trainer.hpp"
 #include "nn/optimizer.hpp"
+#include "train/trainer.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #                         ringtrain::kernels, ringtrain::base, ringtrain::model_proto: for a
 #                         program of one's own (an op's unit test)
 #   ringtrain::ringtrain  the installed binary
-# comm, io and launch are not installed: a program that trains uses the ringtrain binary
+# comm, io, train and launch are not installed: a program that trains uses the ringtrain binary
 # (with --plugin), not a main of its own (docs/models.md, "Extending in C++").
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)

@@ -14,16 +14,16 @@
 #include "io/convert_text.hpp"
 #include "io/idx.hpp"
 #include "io/token_baselines.hpp"
-#include "launch/device.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/job.hpp"
-#include "launch/metrics.hpp"
-#include "launch/model_source.hpp"
 #include "launch/options.hpp"
 #include "launch/predict.hpp"
 #include "launch/sample.hpp"
-#include "launch/signals.hpp"
-#include "launch/trainer.hpp"
+#include "train/device.hpp"
+#include "train/evaluate.hpp"
+#include "train/job.hpp"
+#include "train/metrics.hpp"
+#include "train/model_source.hpp"
+#include "train/signals.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain::launch {
 namespace {

@@ -17,6 +17,5 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm);   // model_show.cpp
 int cmd_export(const std::vector<std::string>& args, comm::Communicator& comm);  // onnx_export.cpp
-std::string version_text();  // ringtrain and every library built in
 
 }  // namespace ringtrain::launch

@@ -11,7 +11,7 @@
 #include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
-#include "launch/job.hpp"
+#include "train/job.hpp"
 
 namespace ringtrain::launch {
 namespace {

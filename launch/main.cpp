@@ -14,8 +14,9 @@
 
 #include "io/hdf5.hpp"
 #include "launch/commands.hpp"
-#include "launch/job.hpp"
-#include "launch/signals.hpp"
+#include "train/job.hpp"
+#include "train/signals.hpp"
+#include "train/version.hpp"
 
 namespace {
 

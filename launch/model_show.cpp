@@ -9,9 +9,10 @@
 
 #include "core/error.hpp"
 #include "launch/commands.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
+#include "launch/config.hpp"
 #include "ringtrain/model.pb.h"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
 
 namespace po = boost::program_options;
 

@@ -21,15 +21,15 @@
 #include "core/fault_injection.hpp"
 #include "io/output_file.hpp"
 #include "launch/commands.hpp"
-#include "launch/device.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
 #include "launch/onnx_graph.hpp"
 #include "launch/options.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/config.hpp"
 #include "ringtrain/model.pb.h"
+#include "train/device.hpp"
+#include "train/evaluate.hpp"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
 
 namespace fs = std::filesystem;
 

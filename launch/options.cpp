@@ -12,8 +12,8 @@
 #include "kernels/cuda/cuda_api.hpp"
 #include "launch/option_parsing.hpp"
 #include "launch/options.hpp"
-#include "launch/timeline.hpp"
 #include "nn/model_file.hpp"
+#include "train/timeline.hpp"
 
 namespace ringtrain::launch {
 

@@ -14,10 +14,10 @@
 #include "io/convert_output.hpp"
 #include "io/npy.hpp"
 #include "io/output_file.hpp"
-#include "launch/device.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
+#include "train/device.hpp"
+#include "train/evaluate.hpp"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
 
 namespace fs = std::filesystem;
 

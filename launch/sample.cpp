@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "core/rng.hpp"
-#include "launch/device.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
 #include "nn/sampling.hpp"
+#include "train/device.hpp"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
 
 namespace ringtrain::launch {
 namespace {

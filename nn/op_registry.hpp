@@ -88,7 +88,7 @@ std::vector<std::string> registered_ops();      // sorted
 const std::vector<AttrSpec>& op_attrs(const std::string& name);
 const std::string& op_plugin(const std::string& name);
 
-// Plugin loading (launch/model_source.cpp): from begin_plugin_registrations() on, around
+// Plugin loading (train/model_source.cpp): from begin_plugin_registrations() on, around
 // dlopen() (whose static initialisers register the plugin's ops), registrations are held,
 // so that no error unwinds through the dynamic loader. register_plugin_ops() then registers
 // them, each recording `plugin`: input error naming the plugin when it registers no op, an

@@ -1,4 +1,4 @@
-// The pieces `ringtrain train --device cuda` adds around the model (launch/device.hpp and
+// The pieces `ringtrain train --device cuda` adds around the model (train/device.hpp and
 // core's device handling): a model built under a DeviceScope has device-labelled flat views,
 // Model::init_parameters gives it the host's values through staging, HostMirror copies the
 // masters, buffers and optimizer state to the host and back, BatchStage uploads a batch, and
@@ -13,10 +13,10 @@
 #include <future>
 #include <mutex>
 
-#include "launch/device.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/optimizer.hpp"
 #include "tests/gpu/gpu_util.hpp"
+#include "train/device.hpp"
 
 namespace ringtrain::test {
 namespace {

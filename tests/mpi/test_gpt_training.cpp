@@ -15,9 +15,9 @@
 #include "comm/mpi/mpi_communicator.hpp"
 #include "core/rng.hpp"
 #include "io/tokens.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/trainer.hpp"
 #include "mpi_test_util.hpp"
+#include "train/evaluate.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain {
 namespace {

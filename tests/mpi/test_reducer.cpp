@@ -13,8 +13,8 @@
 
 #include "comm/grad_reducer.hpp"
 #include "comm/hierarchical.hpp"
-#include "launch/trainer.hpp"
 #include "mpi_test_util.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain {
 namespace {

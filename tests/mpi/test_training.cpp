@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.hpp"
-#include "launch/trainer.hpp"
 #include "mpi_test_util.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain {
 namespace {

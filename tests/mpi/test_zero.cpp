@@ -20,8 +20,8 @@
 #include "comm/mpi/mpi_communicator.hpp"
 #include "comm/shard_layout.hpp"
 #include "kernels/kernels.hpp"
-#include "launch/trainer.hpp"
 #include "mpi_test_util.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain {
 namespace {

@@ -44,7 +44,7 @@ TEST(EnvTable, EveryNameTheSourcesUseIsDeclared) {
   for (const auto& s : env::settings()) declared.insert(s.name);
   const std::regex quoted("\"(RINGTRAIN_[A-Z0-9_]+)\"");
   int files = 0;
-  for (const char* dir : {"core", "kernels", "comm", "io", "launch", "nn"}) {
+  for (const char* dir : {"core", "kernels", "comm", "io", "launch", "train", "nn"}) {
     for (const auto& e : std::filesystem::recursive_directory_iterator(
              std::filesystem::path(RINGTRAIN_SOURCE_DIR) / dir)) {
       const auto ext = e.path().extension();
@@ -170,7 +170,7 @@ TEST(EnvTable, NoSourceReadsTheEnvironmentAroundTheAccessors) {
   const std::regex around(R"re((getenv\s*\(\s*"RINGTRAIN_|env::(raw|value)\s*\())re");
   const std::regex ompi_size(R"re(getenv\s*\(\s*"OMPI_COMM_WORLD_SIZE")re");
   int ompi_reads = 0;
-  for (const char* dir : {"core", "kernels", "comm", "io", "launch", "nn"}) {
+  for (const char* dir : {"core", "kernels", "comm", "io", "launch", "train", "nn"}) {
     for (const auto& e : std::filesystem::recursive_directory_iterator(
              std::filesystem::path(RINGTRAIN_SOURCE_DIR) / dir)) {
       const auto ext = e.path().extension();

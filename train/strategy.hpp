@@ -18,12 +18,12 @@
 #include "comm/grad_reducer.hpp"
 #include "comm/shard_layout.hpp"
 #include "io/checkpoint.hpp"
-#include "launch/config.hpp"
-#include "launch/device.hpp"
-#include "launch/model_source.hpp"
-#include "launch/step_observers.hpp"
 #include "nn/model.hpp"
 #include "nn/optimizer.hpp"
+#include "train/config.hpp"
+#include "train/device.hpp"
+#include "train/model_source.hpp"
+#include "train/step_observers.hpp"
 
 namespace ringtrain::launch {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "launch/strategy.hpp"
+#include "train/strategy.hpp"
 
 namespace ringtrain::launch {
 namespace {

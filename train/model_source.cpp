@@ -1,5 +1,5 @@
 // The model of a run or of a checkpoint, and the plugins that add ops (model_source.hpp).
-#include "launch/model_source.hpp"
+#include "train/model_source.hpp"
 
 #include <dlfcn.h>
 
@@ -10,10 +10,10 @@
 
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
-#include "launch/device.hpp"
 #include "nn/legacy_model_json.hpp"
 #include "nn/op_registry.hpp"
 #include "ringtrain/model.pb.h"
+#include "train/device.hpp"
 
 namespace ringtrain::launch {
 

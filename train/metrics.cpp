@@ -1,5 +1,5 @@
 // JSON-lines metrics (see metrics.hpp).
-#include "launch/metrics.hpp"
+#include "train/metrics.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

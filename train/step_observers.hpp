@@ -19,13 +19,13 @@
 
 #include "comm/communicator.hpp"
 #include "comm/grad_reducer.hpp"
-#include "launch/console.hpp"
-#include "launch/metrics.hpp"
-#include "launch/numerics.hpp"
-#include "launch/tensorboard.hpp"
-#include "launch/timeline.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/model.hpp"
+#include "train/console.hpp"
+#include "train/metrics.hpp"
+#include "train/numerics.hpp"
+#include "train/tensorboard.hpp"
+#include "train/timeline.hpp"
 
 namespace ringtrain::launch {
 

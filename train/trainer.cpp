@@ -1,17 +1,17 @@
 // The training loop (see trainer.hpp): the step, phase by phase, with its observers called at
 // the phase boundaries; checkpoints, evaluation and the run loop with its stop on a signal.
-#include "launch/trainer.hpp"
+#include "train/trainer.hpp"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "core/rng.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
-#include "launch/signals.hpp"
 #include "ringtrain/config.hpp"
+#include "train/evaluate.hpp"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
+#include "train/signals.hpp"
 
 namespace ringtrain::launch {
 

@@ -9,10 +9,10 @@
 
 #include "core/fault_injection.hpp"
 #include "kernels/cuda/cuda_api.hpp"
-#include "launch/evaluate.hpp"
-#include "launch/job.hpp"
-#include "launch/model_source.hpp"
-#include "launch/trainer.hpp"
+#include "train/evaluate.hpp"
+#include "train/job.hpp"
+#include "train/model_source.hpp"
+#include "train/trainer.hpp"
 
 namespace ringtrain::launch {
 

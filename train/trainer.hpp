@@ -13,21 +13,21 @@
 #include "io/dataset.hpp"
 #include "io/loader.hpp"
 #include "io/tokens.hpp"
-#include "launch/config.hpp"
-#include "launch/console.hpp"
-#include "launch/device.hpp"
-#include "launch/metrics.hpp"
-#include "launch/model_source.hpp"
-#include "launch/numerics.hpp"
-#include "launch/step_observers.hpp"
-#include "launch/strategy.hpp"
-#include "launch/tensorboard.hpp"
-#include "launch/timeline.hpp"
 #include "nn/loss_scaler.hpp"
 #include "nn/model.hpp"
 #include "nn/model_file.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
+#include "train/config.hpp"
+#include "train/console.hpp"
+#include "train/device.hpp"
+#include "train/metrics.hpp"
+#include "train/model_source.hpp"
+#include "train/numerics.hpp"
+#include "train/step_observers.hpp"
+#include "train/strategy.hpp"
+#include "train/tensorboard.hpp"
+#include "train/timeline.hpp"
 
 namespace ringtrain::launch {
 
@@ -135,7 +135,7 @@ class Trainer {
 
   TrainConfig cfg_;
   comm::Communicator& comm_;
-  Device device_;  // cpu, or this rank's GPU (--device cuda): see launch/device.hpp
+  Device device_;  // cpu, or this rank's GPU (--device cuda): see train/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Backend> wire_backend_;         // cuda: the wire-dtype casts of buckets
   BatchStage stage_batch_;                                 // cuda: the batch uploaded

@@ -7,8 +7,8 @@
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 #include "kernels/kernels.hpp"
-#include "launch/commands.hpp"
 #include "ringtrain/config.hpp"
+#include "train/version.hpp"
 
 namespace ringtrain::launch {
 

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <iostream>
 
-#include "launch/model_source.hpp"
-#include "launch/trainer.hpp"
+#include "train/model_source.hpp"
+#include "train/trainer.hpp"
 
 namespace fs = std::filesystem;
 

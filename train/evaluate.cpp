@@ -1,5 +1,5 @@
 // Sharded evaluation (see evaluate.hpp).
-#include "launch/evaluate.hpp"
+#include "train/evaluate.hpp"
 
 #include <algorithm>
 #include <cmath>

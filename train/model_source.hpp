@@ -12,10 +12,10 @@
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "kernels/kernels.hpp"
-#include "launch/config.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/model.hpp"
 #include "nn/model_file.hpp"
+#include "train/config.hpp"
 
 namespace ringtrain::launch {
 

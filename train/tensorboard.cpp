@@ -1,5 +1,5 @@
 // TFRecord + protobuf encoding of TensorBoard events (see tensorboard.hpp).
-#include "launch/tensorboard.hpp"
+#include "train/tensorboard.hpp"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // The observers of the training step (see step_observers.hpp).
-#include "launch/step_observers.hpp"
+#include "train/step_observers.hpp"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "core/fault_injection.hpp"
-#include "launch/device.hpp"
+#include "train/device.hpp"
 
 namespace ringtrain::launch {
 

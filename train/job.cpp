@@ -1,6 +1,6 @@
 // MPI session, the rank's placement on its node (local rank, GPU, CPUs: the rules of
 // launch/ringrun), thread defaults and the run_and_agree()/fail_job() error policy.
-#include "launch/job.hpp"
+#include "train/job.hpp"
 
 #include <mpi.h>
 #include <sched.h>

@@ -1,5 +1,5 @@
 // Async-signal-safe stop flag (see signals.hpp).
-#include "launch/signals.hpp"
+#include "train/signals.hpp"
 
 #include <csignal>
 #include <initializer_list>

@@ -1,5 +1,5 @@
 // Chrome-trace timeline (see timeline.hpp).
-#include "launch/timeline.hpp"
+#include "train/timeline.hpp"
 
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
 // What every ParallelStrategy shares (see strategy.hpp): the optimizer, fp32 gradient and
 // reducer over the range of parameters a rank owns, the unscale and check of that range, the
 // broadcast of a fresh start; and make_strategy, which picks one from the configuration.
-#include "launch/strategy.hpp"
+#include "train/strategy.hpp"
 
 namespace ringtrain::launch {
 

@@ -1,7 +1,7 @@
 // The device plumbing of train and eval (see device.hpp). Only plain C++ here: the CUDA
 // backend and NCCL are reached through kernels/cuda/cuda_api.hpp and comm/nccl/nccl_api.hpp,
 // whose stubs answer "not built" in a build without CUDA.
-#include "launch/device.hpp"
+#include "train/device.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -11,7 +11,7 @@
 #include "comm/nccl/nccl_api.hpp"
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_api.hpp"
-#include "launch/job.hpp"
+#include "train/job.hpp"
 
 namespace ringtrain::launch {
 
@@ -51,7 +51,7 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
   std::unique_ptr<comm::Communicator> out;
   if (cfg.device != "cuda") {
     // Collective, and its one check (every node holds as many ranks) fails alike on every
-    // rank after the collective: not an agreed phase (see launch/job.hpp).
+    // rank after the collective: not an agreed phase (see train/job.hpp).
     if (cfg.comm == "hierarchical")
       out = std::make_unique<comm::HierarchicalCommunicator>(world.mpi());
     return out;
@@ -64,7 +64,7 @@ std::unique_ptr<comm::Communicator> make_train_communicator(const TrainConfig& c
     (void)make_backend(dev, 1, cfg.gpu_memory);
   });
   // Collective (NCCL's and MPI's communicator set-up): not an agreed phase; an error here
-  // ends the job from the rank that saw it (launch/job.hpp).
+  // ends the job from the rank that saw it (train/job.hpp).
   {
     if (cfg.comm == "nccl")
       out = comm::make_nccl_communicator(world.mpi(), dev.index);

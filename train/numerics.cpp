@@ -1,5 +1,5 @@
 // Numerics diagnostics (see numerics.hpp).
-#include "launch/numerics.hpp"
+#include "train/numerics.hpp"
 
 #include <cmath>
 #include <cstdio>

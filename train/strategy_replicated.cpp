@@ -1,7 +1,7 @@
 // The replicated strategy (--zero 0; see strategy.hpp): every rank holds all masters, the
 // whole fp32 gradient and all optimizer state, the buckets are allreduced, and every rank
 // updates everything, its working weights cast from its own masters.
-#include "launch/strategy.hpp"
+#include "train/strategy.hpp"
 
 namespace ringtrain::launch {
 namespace {

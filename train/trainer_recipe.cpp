@@ -15,12 +15,12 @@
 #include "io/checkpoint_schema.hpp"
 #include "io/hdf5.hpp"
 #include "io/meta_checksum.hpp"
-#include "launch/commands.hpp"
-#include "launch/job.hpp"
-#include "launch/signals.hpp"
-#include "launch/trainer.hpp"
 #include "ringtrain/config.hpp"
 #include "ringtrain/git_commit.hpp"
+#include "train/job.hpp"
+#include "train/signals.hpp"
+#include "train/trainer.hpp"
+#include "train/version.hpp"
 
 namespace fs = std::filesystem;
 

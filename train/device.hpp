@@ -15,9 +15,9 @@
 #include "io/checkpoint.hpp"
 #include "io/loader.hpp"
 #include "kernels/kernels.hpp"
-#include "launch/config.hpp"
 #include "nn/model.hpp"
 #include "nn/optimizer.hpp"
+#include "train/config.hpp"
 
 namespace ringtrain::launch {
 

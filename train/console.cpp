@@ -1,5 +1,5 @@
 // Rank 0's progress, announcements and warnings (see console.hpp).
-#include "launch/console.hpp"
+#include "train/console.hpp"
 
 #include <iostream>
 

@@ -1,8 +1,8 @@
 // What a launched process knows about its job (rank, node, host, threads), MPI start-up
-// and shut-down, and the one error policy of launch/ (docs/architecture.md, "When a rank
-// fails"): a phase without collectives runs under run_and_agree(), so that when any rank fails, one
-// rank prints the message and every rank exits with the same code; an error anywhere else
-// (inside the training loop, evaluation, a checkpoint save) goes to fail_job() on the rank
+// and shut-down, and the one error policy of launch/ and train/ (docs/architecture.md, "When a
+// rank fails"): a phase without collectives runs under run_and_agree(), so that when any rank
+// fails, one rank prints the message and every rank exits with the same code; an error anywhere
+// else (inside the training loop, evaluation, a checkpoint save) goes to fail_job() on the rank
 // that saw it, which tells the other ranks over the control channel and ends the job with
 // MPI_Abort. Never a hang, never four copies of the message.
 #pragma once

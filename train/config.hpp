@@ -1,0 +1,85 @@
+// The settings of `ringtrain train`, filled from the command line and the --config INI file
+// by launch/options.cpp (the option names are the CLI contract of docs/usage.md). The
+// initialisers below are the defaults: the option table reads them, and --help prints them.
+// The Trainer and what it runs on take their settings from here; the other subcommands'
+// settings are in launch/config.hpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "nn/loss_scaler.hpp"
+#include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
+
+namespace ringtrain::launch {
+
+struct TrainConfig {
+  std::string data, val_data;
+  int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
+  bool cache = false;         // keep the samples read in memory
+  int64_t seq_len = 0;        // token data: tokens per window (0: the model's context)
+  std::string model = "mlp";  // a built-in name or a model file
+  // Overrides of the model file's vars, in order: (var, value, the option that gave it),
+  // from --hidden/--depth/--width/--dropout/--activation and --set VAR=VALUE.
+  struct VarOverride {
+    std::string var, value, option;
+  };
+  std::vector<VarOverride> model_vars;
+  std::vector<std::string> plugins;  // --plugin LIB.so: ops loaded before the model is built
+  std::string layer_precision;       // "conv1=fp32,..."
+  DType precision = DType::f32;
+  // When neither --batch-size nor --global-batch-size, neither --epochs nor --steps is given
+  // (the help texts print these).
+  static constexpr int64_t kDefaultBatchSize = 64, kDefaultEpochs = 1;
+  int64_t batch_size = 0, global_batch_size = 0;  // exactly one is set after parsing
+  bool batch_size_given = false;                  // --batch-size was explicit
+  int64_t epochs = 0, steps = 0;                  // exactly one is set after parsing
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;  // --lr-schedule and its warm-up and decay
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  bool grad_accum_given = false;
+  bool decay_all = false;  // weight decay on every parameter (no decay groups)
+  float label_smoothing = 0.f;
+  float grad_clip = 0.f;  // 0: off
+  LossScalerConfig loss_scale;
+  std::string augment;  // "crop:PAD,flip" (either part alone); "" for none
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end
+  double checkpoint_secs = 0;    // 0: off
+  int keep = 3;
+  int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
+  std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
+  int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)
+  std::string resume = "auto";  // auto | never | FILE
+  bool overwrite = false;       // --resume never may delete older checkpoints
+  uint64_t seed = 42;
+  std::string device = "cpu";
+  std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION
+  int threads = 0;                  // 0: the rank's share of the node's cores
+  std::string comm = "mpi";         // mpi | hierarchical | nccl
+  DType wire_dtype = DType::f32;    // gradient dtype on the wire (default: the compute dtype)
+  bool wire_dtype_given = false;
+  double bucket_mb = 25;       // gradient bucket size
+  bool overlap = true;         // allreduce buckets while backward runs
+  int zero = 0;                // 1: ZeRO-1, optimizer state and fp32 gradients sharded
+  double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)
+  int64_t log_every = 50;
+  std::string metrics;
+  std::string tensorboard;        // event-file directory (rank 0)
+  int64_t histogram_every = 100;  // weight/gradient histograms every N steps (0: never)
+  bool check_numerics = false;    // find the first layer and rank with inf/nan
+  std::string progress = "auto";  // auto | bar | lines
+  std::string timeline;           // Chrome-trace file (written by rank 0)
+  std::string timeline_steps = "1:10";
+  // The options as --print-config prints them (key = value lines), for the metrics' start
+  // record and TensorBoard; filled by parse_train.
+  std::string config_ini;
+  // --print-config: check the data and the model as a run's start would, print
+  // config_ini, and train nothing.
+  bool print_config = false;
+};
+
+}  // namespace ringtrain::launch
