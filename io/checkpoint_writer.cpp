@@ -46,6 +46,7 @@
 #include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
 #include "io/meta_checksum.hpp"
+#include "io/mpi_check.hpp"
 #include "io/output_file.hpp"
 
 namespace fs = std::filesystem;
@@ -88,7 +89,8 @@ class Writer {
     // H5Dwrite (collective) is called, so it must be the same everywhere.
     if (env::checkpoint_direct()) fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     int ok = fd_ >= 0;
-    if (comm_ != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_);
+    if (comm_ != MPI_COMM_NULL)
+      IO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_));
     direct_ = ok != 0;
     return H5Id(f);
   }
@@ -190,7 +192,7 @@ class Writer {
         // HDF5 filled every chunk when it allocated them (it always does for a filtered
         // dataset, each rank writing some chunks' fill); only after every rank's share of
         // that has been written may a rank overwrite its chunks with the data.
-        if (comm_ != MPI_COMM_NULL) MPI_Barrier(comm_);
+        if (comm_ != MPI_COMM_NULL) IO_MPI_CHECK(MPI_Barrier(comm_));
         return write_chunks(name, t, dims[0], chunk_rows, row_bytes, lo, hi, addr);
       }
     }
@@ -316,13 +318,13 @@ std::string failure_anywhere(MPI_Comm comm, const std::string& mine) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   int first = mine.empty() ? size : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  IO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
   if (first == size) return "";
   std::string text = mine;
   int len = int(text.size());
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  IO_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm));
   text.resize(size_t(len));
-  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
+  IO_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm));
   return text;
 }
 
@@ -386,7 +388,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   if (rank == 0)
     reserved = reserve_output(tmp, checkpoint_bytes_bound(m, params, optimizer, per_rank, buffers,
                                                           size, fs_block_size(tmp)));
-  if (comm != MPI_COMM_NULL) MPI_Bcast(&reserved, 1, MPI_INT, 0, comm);
+  if (comm != MPI_COMM_NULL) IO_MPI_CHECK(MPI_Bcast(&reserved, 1, MPI_INT, 0, comm));
   if (reserved != 0) fail_agreed(cat("creating it: ", std::strerror(reserved)));
 
   std::string failure;  // agreed across ranks

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/mpi_check.hpp"
 #include "io/output_file.hpp"
 
 namespace fs = std::filesystem;
@@ -24,7 +25,7 @@ ParallelH5Writer::ParallelH5Writer(MPI_Comm comm) : comm_(comm) {
 H5Id ParallelH5Writer::create(const std::string& path, uint64_t reserve_bytes) const {
   int reserved = 0;
   if (rank_ == 0) reserved = reserve_output(path, reserve_bytes);
-  MPI_Bcast(&reserved, 1, MPI_INT, 0, comm_);
+  IO_MPI_CHECK(MPI_Bcast(&reserved, 1, MPI_INT, 0, comm_));
   if (reserved != 0) {  // the same on every rank
     if (rank_ == 0) remove_quietly(path);
     if (no_space_errno(reserved)) throw_disk_full("writing", path, "nothing was written");

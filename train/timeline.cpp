@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "comm/mpi/mpi_check.hpp"
 #include "core/error.hpp"
 
 namespace ringtrain::launch {
@@ -40,7 +41,7 @@ Timeline::Timeline(MPI_Comm comm, std::string path, int64_t first_step, int64_t 
     : path_(std::move(path)), first_(first_step), last_(last_step) {
   if (path_.empty()) return;
   MPI_Comm_rank(comm, &rank_);
-  MPI_Barrier(comm);
+  MPI_CHECK(MPI_Barrier(comm));
   zero_ = Clock::now();
   char meta[256];
   std::snprintf(
@@ -71,10 +72,10 @@ std::string Timeline::write(MPI_Comm comm) {
   int size = 1;
   MPI_Comm_size(comm, &size);
   unsigned long long spans = spans_, all_spans = 0;
-  MPI_Reduce(&spans, &all_spans, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, comm);
+  MPI_CHECK(MPI_Reduce(&spans, &all_spans, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, comm));
   int mine = int(events_.size());
   std::vector<int> sizes(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm);
+  MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm));
   std::string all;
   if (rank_ == 0) {
     int total = 0;
@@ -84,8 +85,8 @@ std::string Timeline::write(MPI_Comm comm) {
     }
     all.resize(size_t(total));
   }
-  MPI_Gatherv(events_.data(), mine, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0,
-              comm);
+  MPI_CHECK(MPI_Gatherv(events_.data(), mine, MPI_CHAR, all.data(), sizes.data(), displs.data(),
+                        MPI_CHAR, 0, comm));
   if (rank_ != 0) return "";
   if (all_spans == 0) {  // e.g. resumed after the window: keep whatever trace is there
     std::fprintf(stderr,
