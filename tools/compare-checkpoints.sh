@@ -24,7 +24,8 @@ done
 ref=$1 new=$2 data=$3 work=${4:-$(mktemp -d /tmp/compare-ckpt.XXXXXX)}
 for f in "$ref" "$new"; do [[ -x $f ]] || { echo "not an executable: $f" >&2; exit 1; }; done
 [[ -f $data ]] || { echo "not a file: $data" >&2; exit 1; }
-python3 -c 'import h5py, numpy' || { echo "needs python3-h5py and python3-numpy" >&2; exit 1; }
+PY=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-h5py and python3-numpy
+"$PY" -c 'import h5py, numpy' || { echo "needs $PY with h5py and numpy (PYTHON=...)" >&2; exit 1; }
 
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset "${!OPENBLAS_@}" "${!RINGTRAIN_@}"
@@ -46,7 +47,7 @@ for model in $models; do
             { echo "$name: the $which run failed:"; tail -5 "$dir.out"; exit 2; }
         done
         runs=$((runs + 1))
-        if IGNORE=$ignore python3 - "$work/ref/$name/ckpt-000000050.h5" "$work/new/$name/ckpt-000000050.h5" <<'PY'; then
+        if IGNORE=$ignore "$PY" - "$work/ref/$name/ckpt-000000050.h5" "$work/new/$name/ckpt-000000050.h5" <<'PY'; then
 import os, sys, h5py, numpy as np
 skip = {"ringtrain_version", "git_commit", "versions"} | set(os.environ["IGNORE"].split())
 a, b = (h5py.File(p, "r") for p in sys.argv[1:])
