@@ -13,6 +13,7 @@
 #include "launch/option_parsing.hpp"
 #include "launch/options.hpp"
 #include "nn/model_file.hpp"
+#include "ringtrain/model.pb.h"
 #include "train/timeline.hpp"
 
 namespace ringtrain::launch {
@@ -35,6 +36,37 @@ std::vector<TrainConfig::VarOverride> model_var_overrides(const po::variables_ma
       out.push_back({item.substr(0, eq), item.substr(eq + 1), cat("--set ", item.substr(0, eq))});
     }
   return out;
+}
+
+// The help of an option that sets a var of a shipped model: what it is, and the default the
+// compiled-in model file gives it (read from the file, so that help and file agree).
+std::string var_help(const std::string& model, const std::string& var, const std::string& what) {
+  std::string value = "?";
+  const ModelFile file = ModelFile::load(model);
+  for (const pb::Var& v : file.def().var()) {
+    if (v.name() != var) continue;
+    switch (v.value_case()) {
+      case pb::Var::kIntValue:
+        value = std::to_string(v.int_value());
+        break;
+      case pb::Var::kFloatValue:
+        value = cat(v.float_value());
+        break;
+      case pb::Var::kStringValue:
+        value = v.string_value();
+        break;
+      case pb::Var::kIntList:
+        value.clear();
+        for (auto x : v.int_list().value()) {
+          if (!value.empty()) value += ',';
+          value += std::to_string(x);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return cat(model, ": ", what, " (var ", var, "; default ", value, ")");
 }
 
 }  // namespace
@@ -63,11 +95,11 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   po::options_description model("model");
   model.add_options()
       ("model", po::value(&c.model)->default_value(c.model), model_help.c_str())
-      ("hidden", po::value<std::string>(), "mlp: hidden layer widths (the file's var hidden; default 512,256)")
-      ("dropout", po::value<std::string>(), "cnn: dropout probability after the pooling (var dropout; default 0.25)")
-      ("depth", po::value<std::string>(), "resnet: basic blocks per stage, 3 stages (var depth; default 1)")
-      ("width", po::value<std::string>(), "resnet: channels of the first stage, then 2x, 4x (var width; default 16)")
-      ("activation", po::value<std::string>(), "resnet: relu | gelu (var activation; default relu)")
+      ("hidden", po::value<std::string>(), var_help("mlp", "hidden", "hidden layer widths").c_str())
+      ("dropout", po::value<std::string>(), var_help("cnn", "dropout", "dropout probability after the pooling").c_str())
+      ("depth", po::value<std::string>(), var_help("resnet", "depth", "basic blocks per stage, 3 stages").c_str())
+      ("width", po::value<std::string>(), var_help("resnet", "width", "channels of the first stage, then 2x, 4x").c_str())
+      ("activation", po::value<std::string>(), var_help("resnet", "activation", "relu | gelu").c_str())
       ("set", po::value<std::vector<std::string>>()->composing(), "VAR=VALUE: set a var of the model file (repeatable)")
       ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)");
   po::options_description prec("precision");
