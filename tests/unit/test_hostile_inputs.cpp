@@ -19,27 +19,14 @@
 #include "nn/expr.hpp"
 #include "nn/graph_builder.hpp"
 #include "nn/model_file.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace ringtrain {
 namespace {
 
-// The input error `fn` throws (a test failure if it throws none or another kind).
-std::string input_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part)                               \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "no '" << (part) << "' in: " << (text)
+using test::input_error;
 
 int64_t int_of(const std::string& expr) {
   const ExprValue v = eval_expr(expr, {});

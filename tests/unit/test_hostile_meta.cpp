@@ -24,31 +24,17 @@
 #include "nn/graph_builder.hpp"
 #include "nn/model.hpp"
 #include "nn/model_file.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace ringtrain::io {
 namespace {
 
+using test::input_error;
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// The message of the input error fn throws ("" and a failure when it throws none).
-template <typename F>
-std::string input_error(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part)                               \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "missing '" << (part) << "' in: " << (text)
 
 class HostileMetaTest : public testing::Test {
  protected:

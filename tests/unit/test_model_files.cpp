@@ -158,24 +158,13 @@ TEST(Expressions, ArithmeticConditionsAndTemplates) {
   EXPECT_TRUE(test::throws_kind([&] { eval_expr("width / 0", s); }, ErrorKind::input));
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
 TEST(ModelFiles, ErrorsNameTheLineAndTheNode) {
   auto plan = [](const std::string& text) {
     ModelFile f = ModelFile::parse(text, "m.pbtxt");
     f.set_data_shape({1, 8, 8}, 4, "the data");
     plan_model(f);
   };
-  std::string e = error_of([&] {
+  std::string e = test::input_error([&] {
     plan(
         "node { name: \"c\" conv { out_channels: 4 kernel: 3 } }\n"
         "node { name: \"f\" flatten {} }\n"
@@ -184,7 +173,8 @@ TEST(ModelFiles, ErrorsNameTheLineAndTheNode) {
   EXPECT_NE(e.find("m.pbtxt:3:1: node 'x': add"), std::string::npos) << e;
   EXPECT_NE(e.find("[4, 6, 6]"), std::string::npos) << e;
   EXPECT_NE(e.find("[144]"), std::string::npos) << e;
-  e = error_of([&] { plan("node { name: \"a\" linear { out_features: 4 } input: \"zz\" }\n"); });
+  e = test::input_error(
+      [&] { plan("node { name: \"a\" linear { out_features: 4 } input: \"zz\" }\n"); });
   EXPECT_NE(e.find("m.pbtxt:1:45: node 'a': input 'zz'"), std::string::npos) << e;
 }
 
@@ -212,7 +202,7 @@ TEST(ModelFiles, OldCheckpointJsonMapsToTheShippedFile) {
   g.override_var("activation", "gelu", "--activation");
   g.set_data_shape({3, 16, 16}, 10, "the data");
   EXPECT_EQ(first_difference(plan_model(f), plan_model(g)), "");
-  const std::string e = error_of([] {
+  const std::string e = test::input_error([] {
     model_file_from_legacy_json(R"({"name":"vgg","input":[3,8,8],"classes":10})", "o.h5");
   });
   EXPECT_NE(e.find("'vgg'"), std::string::npos) << e;
@@ -220,13 +210,13 @@ TEST(ModelFiles, OldCheckpointJsonMapsToTheShippedFile) {
 
 TEST(ModelFiles, OverridesAreCheckedAgainstTheFile) {
   ModelFile f = ModelFile::load("cnn");
-  std::string e = error_of([&] { f.override_var("hidden", "64", "--hidden"); });
+  std::string e = test::input_error([&] { f.override_var("hidden", "64", "--hidden"); });
   EXPECT_NE(e.find("--hidden: model 'cnn'"), std::string::npos) << e;
   EXPECT_NE(e.find("its parameters are dropout"), std::string::npos) << e;
-  e = error_of([&] { f.override_var("dropout", "1.5", "--dropout"); });
+  e = test::input_error([&] { f.override_var("dropout", "1.5", "--dropout"); });
   EXPECT_NE(e.find("--dropout 1.5 is not valid"), std::string::npos) << e;
   ModelFile r = ModelFile::load("resnet");
-  e = error_of([&] { r.override_var("activation", "swish", "--activation"); });
+  e = test::input_error([&] { r.override_var("activation", "swish", "--activation"); });
   EXPECT_NE(e.find("expected one of relu, gelu"), std::string::npos) << e;
 }
 

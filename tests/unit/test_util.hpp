@@ -1,6 +1,6 @@
 // Helpers shared by the unit tests (tests/unit/test_*.cpp): hex formatting of bit
-// patterns, seeded random fills, a tolerance check that names the index, and the check
-// that a call throws ringtrain::Error of a given kind.
+// patterns, seeded random fills, a tolerance check that names the index, the check that a
+// call throws ringtrain::Error of a given kind, and the message of an input error.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -60,4 +60,23 @@ template <typename F>
   return ::testing::AssertionFailure() << "did not throw";
 }
 
+// The message of the input error fn throws (a test failure if it throws none, or another
+// kind).
+template <typename F>
+std::string input_error(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
 }  // namespace ringtrain::test
+
+// EXPECT_HAS(text, part): text contains part (both printed when it does not).
+#define EXPECT_HAS(text, part)                               \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "missing '" << (part) << "' in: " << (text)
