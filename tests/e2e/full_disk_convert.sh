@@ -9,13 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir full_disk_convert)
 mnt=$dir/mnt
-mkdir -p "$mnt"
-if ! mount -t tmpfs -o size=64k tmpfs "$mnt" 2>"$dir/mount.err"; then
-  echo "SKIPPED: mount -t tmpfs is not permitted here: $(cat "$dir/mount.err")"
-  exit 0
-fi
-umount "$mnt"
-trap 'umount "$mnt" 2>/dev/null || true' EXIT
+tmpfs_mountpoint "$mnt"
 
 # The inputs, on the ordinary disk: Fashion-MNIST's test IDX files, a checkpoint, a corpus
 # of 150,000 bytes and an .npy pair.

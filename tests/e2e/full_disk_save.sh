@@ -12,13 +12,7 @@
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir full_disk_save)
 mnt=$dir/mnt
-mkdir -p "$mnt"
-if ! mount -t tmpfs -o size=64k tmpfs "$mnt" 2>"$dir/mount.err"; then
-  echo "SKIPPED: mount -t tmpfs is not permitted here: $(cat "$dir/mount.err")"
-  exit 0
-fi
-umount "$mnt"
-trap 'umount "$mnt" 2>/dev/null || true' EXIT
+tmpfs_mountpoint "$mnt"
 
 # --hidden 24: fc1's 75 KiB chunks are aligned to the block, as large ones are.
 train=(train --data "$DATA/train.h5" --hidden 24 --batch-size 16 --threads 1 --steps 4

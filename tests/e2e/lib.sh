@@ -60,6 +60,18 @@ fail() {
 
 pass() { echo "ok: $*"; }
 
+# tmpfs_mountpoint DIR: makes DIR a directory the test may mount tmpfs file systems of a
+# chosen size on (it checks that mounting works: these tests need root, as CI and the
+# multinode tests run), and unmounts it when the script exits.
+tmpfs_mountpoint() {
+  mkdir -p "$1"
+  mount -t tmpfs -o size=64k tmpfs "$1" 2>"$1.err" ||
+    fail "mount -t tmpfs is not permitted here (the full-disk tests need root): $(cat "$1.err")"
+  umount "$1"
+  # shellcheck disable=SC2064  # the path now, not at exit
+  trap "umount '$1' 2>/dev/null || true" EXIT
+}
+
 # A fresh directory for one test.
 workdir() {
   local d=$E2E_DIR/$1
