@@ -323,9 +323,9 @@ void Backend::avgpool_global_backward(const Tensor& dy, const Tensor& dx) {
 }
 
 void Backend::batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
-                                const Tensor& gamma, const Tensor& beta,
-                                const Tensor& running_mean, const Tensor& running_var,
-                                const Tensor& y, const Tensor& mean, const Tensor& invstd) {
+                                const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                                const Tensor& running_var, const Tensor& y, const Tensor& mean,
+                                const Tensor& invstd) {
   const NchwDims d = batchnorm_dims(x, gamma);
   RT_CHECK(y.numel() == x.numel() && beta.numel() == d.c && running_mean.numel() == d.c &&
                running_var.numel() == d.c && mean.numel() == d.c && invstd.numel() == d.c,
@@ -433,9 +433,8 @@ void Backend::embedding_backward(const Tensor& tokens, const Tensor& dy, const T
   do_embedding_backward(tokens, dy, dwte, dwpe);
 }
 
-void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                float eps, const Tensor& y, const Tensor& mean,
-                                const Tensor& rstd) {
+void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                                const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
   RT_CHECK(beta.numel() == c && beta.dtype == DType::f32 && y.numel() == x.numel() &&
                mean.numel() == rows && rstd.numel() == rows && mean.dtype == DType::f32 &&

@@ -112,9 +112,9 @@ class ForwardingBackend : public Backend {
                             const Tensor& y, const Tensor& mean, const Tensor& rstd) override {
     inner_.layernorm_forward(x, g, b, eps, y, mean, rstd);
   }
-  void do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& g,
-                             const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                             const Tensor& dg, const Tensor& db) override {
+  void do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& g, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& dx, const Tensor& dg,
+                             const Tensor& db) override {
     inner_.layernorm_backward(x, dy, g, mean, rstd, dx, dg, db);
   }
   void do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,

@@ -39,8 +39,7 @@ struct UnaryKernel {
 };
 
 // The float dtypes a kernel usually takes.
-inline constexpr std::initializer_list<DType> kFloatDTypes = {DType::f32, DType::bf16,
-                                                              DType::f16};
+inline constexpr std::initializer_list<DType> kFloatDTypes = {DType::f32, DType::bf16, DType::f16};
 
 class KernelTable {
  public:

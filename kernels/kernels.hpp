@@ -356,8 +356,8 @@ class Backend {
                                     const Tensor& running_mean, const Tensor& running_var,
                                     const Tensor& y, const Tensor& mean, const Tensor& invstd) = 0;
   virtual void do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
-                                     const Tensor& gamma, const Tensor& mean,
-                                     const Tensor& invstd, const Tensor& dx, const Tensor& dgamma,
+                                     const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                                     const Tensor& dx, const Tensor& dgamma,
                                      const Tensor& dbeta) = 0;
   virtual void do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
                                   const Tensor& mask) = 0;
@@ -377,8 +377,7 @@ class Backend {
   virtual void do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse) = 0;
   virtual void do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                     const Tensor& dout, const Tensor& lse,
-                                     const Tensor& dqkv) = 0;
+                                     const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
   virtual XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                    float grad_scale, const Tensor* dlogits) = 0;
 

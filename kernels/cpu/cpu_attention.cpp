@@ -147,7 +147,7 @@ void for_each_head(const AttentionDims& d, int threads, int64_t dense_blocks, Fn
 }  // namespace
 
 void CpuBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                   const Tensor& lse) {
+                                      const Tensor& lse) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   if (attention_as_gemms(qkv, qkv)) return attention_forward_gemm(d, qkv, out, lse);
   const float scale = 1.f / std::sqrt(float(d.hs));
@@ -181,7 +181,7 @@ void CpuBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const Te
 }
 
 void CpuBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                    const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
+                                       const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   if (attention_as_gemms(qkv, dout)) return attention_backward_gemm(d, qkv, out, dout, lse, dqkv);
   const float scale = 1.f / std::sqrt(float(d.hs));
@@ -232,7 +232,6 @@ void CpuBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const T
       round_rows(block(5 + int(part)), t, hs, dqkv, base, 3 * c, part * c + col);
   });
 }
-
 
 RT_KERNEL_FAMILY(cpu, attention) { table.declare(op_name(Op::attention), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

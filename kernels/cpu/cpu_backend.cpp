@@ -127,12 +127,12 @@ const void* CpuBackend::as_dtype(const Tensor& t, DType want, std::vector<float>
 }
 
 void CpuBackend::do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                      float beta, const Tensor& c) {
+                         float beta, const Tensor& c) {
   gemm_impl(trans_a, trans_b, alpha, a, b, beta, c, nullptr);
 }
 
 void CpuBackend::do_gemm_bias(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
-                           const Tensor& bias, const Tensor& c) {
+                              const Tensor& bias, const Tensor& c) {
   if (opts_.gemm != GemmProvider::onednn || bias.dtype != DType::f32)
     return Backend::do_gemm_bias(trans_a, trans_b, a, b, bias, c);
   gemm_impl(trans_a, trans_b, 1.f, a, b, 0.f, c, bias.as<float>());
@@ -301,7 +301,7 @@ void CpuBackend::do_relu_backward(const Tensor& y, const Tensor& dy, const Tenso
 }
 
 XentResult CpuBackend::do_softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                    const Tensor* dlogits, float label_smoothing) {
+                                       const Tensor* dlogits, float label_smoothing) {
   const int64_t rows = logits.dim(0), c = logits.dim(1);
   const float* pl = logits.as<float>();
   const int32_t* py = labels.as<int32_t>();
@@ -373,7 +373,6 @@ void CpuBackend::do_scale(const Tensor& x, float factor) {
 #pragma omp parallel for num_threads(threads_) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) p[i] *= factor;
 }
-
 
 RT_KERNEL_FAMILY(cpu, core) {
   table.declare(op_name(Op::gemm), kFloatDTypes);

@@ -11,9 +11,9 @@
 namespace ringtrain::kernels::cpu {
 
 void CpuBackend::do_batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
-                                   const Tensor& gamma, const Tensor& beta,
-                                   const Tensor& running_mean, const Tensor& running_var,
-                                   const Tensor& y, const Tensor& mean, const Tensor& invstd) {
+                                      const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& running_mean, const Tensor& running_var,
+                                      const Tensor& y, const Tensor& mean, const Tensor& invstd) {
   const NchwDims d = batchnorm_dims(x, gamma);
   const int64_t m = d.n * d.hw;
   const float* g = gamma.as<float>();
@@ -70,8 +70,9 @@ void CpuBackend::do_batchnorm_forward(const BatchNormConfig& cfg, bool training,
 }
 
 void CpuBackend::do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
-                                    const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                                       const Tensor& gamma, const Tensor& mean,
+                                       const Tensor& invstd, const Tensor& dx, const Tensor& dgamma,
+                                       const Tensor& dbeta) {
   const NchwDims d = batchnorm_dims(x, gamma);
   const int64_t m = d.n * d.hw;
   const float* g = gamma.as<float>();
@@ -117,7 +118,6 @@ void CpuBackend::do_batchnorm_backward(bool training, const Tensor& x, const Ten
     });
   });
 }
-
 
 RT_KERNEL_FAMILY(cpu, batchnorm) { table.declare(op_name(Op::batchnorm), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

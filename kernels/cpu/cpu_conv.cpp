@@ -185,7 +185,7 @@ void check_plain(const ConvShape& cs) {
 }  // namespace
 
 void CpuBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
-                                const Tensor* bias, Activation act, const Tensor& y) {
+                                   const Tensor* bias, Activation act, const Tensor& y) {
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   std::vector<float> b(size_t(K), 0.f);
@@ -234,7 +234,7 @@ void CpuBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const T
 }
 
 void CpuBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
-                                      const Tensor& dx) {
+                                         const Tensor& dx) {
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   if (OneDnnConv* dnn = onednn()) {
@@ -271,8 +271,8 @@ void CpuBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, 
 }
 
 void CpuBackend::do_conv2d_backward(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                                 const Tensor& w, const Tensor* dx, const Tensor& dw,
-                                 const Tensor* db) {
+                                    const Tensor& w, const Tensor* dx, const Tensor& dw,
+                                    const Tensor* db) {
   OneDnnConv* dnn = onednn();
   const DType in = dnn ? conv_dtype(*dnn, opts_.native16, x, dy) : DType::f32;
   // The separate passes where a tensor is widened first (they have the scratch for it).
@@ -293,7 +293,7 @@ void CpuBackend::do_conv2d_backward(const ConvShape& cs, const Tensor& x, const 
 }
 
 void CpuBackend::do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                                        const Tensor& dw, const Tensor* db) {
+                                           const Tensor& dw, const Tensor* db) {
   const int64_t K = cs.k, PQ = cs.p() * cs.q(), CRS = cs.c * cs.r * cs.s;
   const int64_t in_n = cs.c * cs.h * cs.w, out_n = K * PQ;
   float* acc = dw.dtype == DType::f32 ? dw.as<float>()
@@ -338,7 +338,7 @@ void CpuBackend::do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x,
 }
 
 void CpuBackend::do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
-                                   const Tensor& argmax) {
+                                      const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
   if (ps.x_layout != Layout::plain) return maxpool2d_forward_blocked(ps, x, y, argmax);
   auto* pa = argmax.as<int32_t>();
@@ -380,7 +380,7 @@ void CpuBackend::do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, cons
 }
 
 void CpuBackend::do_maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
-                                    const Tensor& dx) {
+                                       const Tensor& dx) {
   const int64_t PQ = ps.p() * ps.q(), HW = ps.h * ps.w, planes = ps.n * ps.c;
   if (ps.x_layout != Layout::plain) return maxpool2d_backward_blocked(ps, dy, argmax, dx);
   const auto* pa = argmax.as<int32_t>();
@@ -434,7 +434,6 @@ void CpuBackend::do_avgpool_global_backward(const Tensor& dy, const Tensor& dx) 
     });
   });
 }
-
 
 RT_KERNEL_FAMILY(cpu, conv) {
   table.declare(op_name(Op::conv2d), kFloatDTypes);

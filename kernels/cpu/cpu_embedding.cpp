@@ -24,7 +24,7 @@ void check_tokens(const int32_t* tok, int64_t n, int64_t vocab) {
 }  // namespace
 
 void CpuBackend::do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
-                                   const Tensor& y) {
+                                      const Tensor& y) {
   const int64_t n = tokens.numel(), t_len = tokens.dim(1), c = wte.dim(1);
   const int32_t* tok = tokens.as<int32_t>();
   check_tokens(tok, n, wte.dim(0));
@@ -54,7 +54,7 @@ void CpuBackend::do_embedding_forward(const Tensor& tokens, const Tensor& wte, c
 }
 
 void CpuBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
-                                    const Tensor* dwpe) {
+                                       const Tensor* dwpe) {
   const int64_t n = tokens.numel(), t_len = tokens.dim(1), c = dwte.dim(1);
   const int32_t* tok = tokens.as<int32_t>();
   check_tokens(tok, n, dwte.dim(0));
@@ -86,7 +86,6 @@ void CpuBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, c
     }
   });
 }
-
 
 RT_KERNEL_FAMILY(cpu, embedding) { table.declare(op_name(Op::embedding), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

@@ -84,8 +84,8 @@ const float* row_f32(const Tensor& t, int64_t r, int64_t c, float* buf) {
 }  // namespace
 
 void CpuBackend::do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                   float eps, const Tensor& y, const Tensor& mean,
-                                   const Tensor& rstd) {
+                                      float eps, const Tensor& y, const Tensor& mean,
+                                      const Tensor& rstd) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
   const float* g = gamma.as<float>();
   const float* b = beta.as<float>();
@@ -109,8 +109,8 @@ void CpuBackend::do_layernorm_forward(const Tensor& x, const Tensor& gamma, cons
 }
 
 void CpuBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                    const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                    const Tensor& dgamma, const Tensor& dbeta) {
+                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                       const Tensor& dgamma, const Tensor& dbeta) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
   const float* g = gamma.as<float>();
   const bool avx512 = use_avx512();
@@ -152,7 +152,6 @@ void CpuBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const 
     dbt[j] = sb;
   }
 }
-
 
 RT_KERNEL_FAMILY(cpu, layernorm) { table.declare(op_name(Op::layernorm), kFloatDTypes); }
 }  // namespace ringtrain::kernels::cpu

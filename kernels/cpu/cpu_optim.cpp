@@ -151,7 +151,7 @@ struct AdamWLoop {
 }  // namespace
 
 void CpuBackend::do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
-                          const Tensor* momentum, const Tensor* work) {
+                             const Tensor* momentum, const Tensor* work) {
   const int64_t n = param.numel();
   const SgdArgs args{param.as<float>(),
                      grad.data,
@@ -165,7 +165,8 @@ void CpuBackend::do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Te
 }
 
 void CpuBackend::do_adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
-                            const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) {
+                               const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                               const Tensor* work) {
   const int64_t n = param.numel();
   const float b1 = cfg.beta1, b2 = cfg.beta2;
   const float bc1 = 1.f - float(std::pow(double(b1), double(cfg.step)));
@@ -183,7 +184,6 @@ void CpuBackend::do_adamw_step(const AdamWConfig& cfg, const Tensor& param, cons
                        cfg.grad_scale};
   run_step<AdamWLoop>(args, grad.dtype, n, threads_, work);
 }
-
 
 RT_KERNEL_FAMILY(cpu, optim) {
   table.declare(op_name(Op::sgd_step), {DType::f32});

@@ -1,5 +1,6 @@
-// CPU elementwise ops of the layers (the pointwise family): dropout with counter-based masks, and the add of residual connections and gradient sums (with AVX-512
-// one pass over any float dtypes, 16-bit operands widened and the sum rounded in registers).
+// CPU elementwise ops of the layers (the pointwise family): dropout with counter-based masks, and
+// the add of residual connections and gradient sums (with AVX-512 one pass over any float dtypes,
+// 16-bit operands widened and the sum rounded in registers).
 #include <omp.h>
 
 #include <algorithm>
@@ -95,7 +96,7 @@ struct AddAvx512 {
 }  // namespace
 
 void CpuBackend::do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
-                                 const Tensor& mask) {
+                                    const Tensor& mask) {
   const int64_t n = x.numel();
   const float keep_scale = 1.f / (1.f - p);
   auto* pm = mask.as<uint8_t>();
@@ -113,7 +114,8 @@ void CpuBackend::do_dropout_forward(const Tensor& x, float p, uint64_t seed, con
   });
 }
 
-void CpuBackend::do_dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
+void CpuBackend::do_dropout_backward(const Tensor& dy, const Tensor& mask, float p,
+                                     const Tensor& dx) {
   const int64_t n = dy.numel();
   const float keep_scale = 1.f / (1.f - p);
   const auto* pm = mask.as<uint8_t>();
@@ -164,7 +166,6 @@ void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& y) {
     });
   });
 }
-
 
 RT_KERNEL_FAMILY(cpu, pointwise) {
   table.declare(op_name(Op::dropout), kFloatDTypes);

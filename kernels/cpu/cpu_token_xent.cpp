@@ -54,7 +54,7 @@ RT_AVX512_TARGET void row_grad_avx512(const float* x, int64_t v, int64_t vp, flo
 }  // namespace
 
 XentResult CpuBackend::do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
-                                  float grad_scale, const Tensor* dlogits) {
+                                     float grad_scale, const Tensor* dlogits) {
   const int64_t vp = logits.shape.back(), rows = logits.numel() / (vp ? vp : 1);
   const int32_t* tg = targets.as<int32_t>();
   for (int64_t r = 0; r < rows; ++r)
@@ -87,7 +87,6 @@ XentResult CpuBackend::do_token_xent(const Tensor& logits, const Tensor& targets
   }
   return res;
 }
-
 
 RT_KERNEL_FAMILY(cpu, token_xent) { table.declare(op_name(Op::token_xent), {DType::f32}); }
 }  // namespace ringtrain::kernels::cpu

@@ -107,7 +107,6 @@ bool CpuBackend::do_unscale_check(const Tensor& in, float factor, const Tensor& 
   return bad != 0;
 }
 
-
 // unscale_check into an fp32 tensor, and its read-only form (an empty `out`) whose factor the
 // optimizers then apply: fused_unscale.
 RT_KERNEL_FAMILY(cpu, unscale) {

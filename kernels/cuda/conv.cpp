@@ -218,7 +218,7 @@ ConvPlan& CudaBackend::conv_plan(const ConvShape& cs, DType t) {
 }
 
 void CudaBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w,
-                                 const Tensor* bias, Activation act, const Tensor& y) {
+                                    const Tensor* bias, Activation act, const Tensor& y) {
   ConvPlan& plan = conv_plan(cs, w.dtype);
   const Tensor x2 = as_dtype(x, plan.dtype, kScratchA), w2 = as_dtype(w, plan.dtype, kScratchB);
   Tensor y2 = y;
@@ -240,7 +240,7 @@ void CudaBackend::do_conv2d_forward(const ConvShape& cs, const Tensor& x, const 
 }
 
 void CudaBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
-                                       const Tensor& dx) {
+                                          const Tensor& dx) {
   ConvPlan& plan = conv_plan(cs, w.dtype);
   const Tensor dy2 = as_dtype(dy, plan.dtype, kScratchA), w2 = as_dtype(w, plan.dtype, kScratchB);
   Tensor dx2 = dx;
@@ -257,7 +257,7 @@ void CudaBackend::do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy,
 }
 
 void CudaBackend::do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                                         const Tensor& dw, const Tensor* db) {
+                                            const Tensor& dw, const Tensor* db) {
   ConvPlan& plan = conv_plan(cs, dw.dtype);
   const Tensor x2 = as_dtype(x, plan.dtype, kScratchA), dy2 = as_dtype(dy, plan.dtype, kScratchB);
   Tensor dw2 = dw;

@@ -93,8 +93,9 @@ void CudaBackend::do_relu_backward(const Tensor& y, const Tensor& dy, const Tens
   launch_relu_backward(y.data, y.dtype, dy.data, dx.data, dx.dtype, y.numel(), stream());
 }
 
-XentResult CudaBackend::do_softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                     const Tensor* dlogits, float label_smoothing) {
+XentResult CudaBackend::do_softmax_xent(const Tensor& logits, const Tensor& labels,
+                                        float grad_scale, const Tensor* dlogits,
+                                        float label_smoothing) {
   const int64_t rows = logits.dim(0), c = logits.dim(1);
   // Device: per-row loss (double) and correct flag, and the bad-label flag.
   const size_t need = size_t(rows) * 12 + 16;
@@ -160,7 +161,7 @@ void CudaBackend::do_scale(const Tensor& x, float factor) {
 }
 
 void CudaBackend::do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
-                           const Tensor* momentum, const Tensor* work) {
+                              const Tensor* momentum, const Tensor* work) {
   const int64_t n = param.numel();
   launch_sgd(param.as<float>(), grad.as<float>(), momentum ? momentum->as<float>() : nullptr, n,
              cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov, work ? work->data : nullptr,
@@ -168,7 +169,8 @@ void CudaBackend::do_sgd_step(const SgdConfig& cfg, const Tensor& param, const T
 }
 
 void CudaBackend::do_adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
-                             const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) {
+                                const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                                const Tensor* work) {
   const int64_t n = param.numel();
   // The scalars exactly as the CPU backend computes them.
   const float b1 = cfg.beta1, b2 = cfg.beta2;
@@ -185,14 +187,14 @@ void CudaBackend::do_adamw_step(const AdamWConfig& cfg, const Tensor& param, con
 // ---- pooling, normalisation, GELU, dropout, add -------------------------------------
 
 void CudaBackend::do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
-                                    const Tensor& argmax) {
+                                       const Tensor& argmax) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
   launch_maxpool_fwd(x.data, y.data, argmax.as<int32_t>(), x.dtype, planes, ps.h, ps.w, P, Q,
                      ps.kernel, ps.stride, ps.relu_input, stream());
 }
 
 void CudaBackend::do_maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
-                                     const Tensor& dx) {
+                                        const Tensor& dx) {
   const int64_t P = ps.p(), Q = ps.q(), planes = ps.n * ps.c;
   launch_maxpool_bwd(dy.data, argmax.as<int32_t>(), dx.data, dy.dtype, planes, ps.h, ps.w, P, Q,
                      ps.kernel, ps.stride, stream());
@@ -209,9 +211,9 @@ void CudaBackend::do_avgpool_global_backward(const Tensor& dy, const Tensor& dx)
 }
 
 void CudaBackend::do_batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
-                                    const Tensor& gamma, const Tensor& beta,
-                                    const Tensor& running_mean, const Tensor& running_var,
-                                    const Tensor& y, const Tensor& mean, const Tensor& invstd) {
+                                       const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const Tensor& y, const Tensor& mean, const Tensor& invstd) {
   const NchwDims d = batchnorm_dims(x, gamma);
   launch_bn_forward(x.data, x.dtype, y.data, y.dtype, d.n, d.c, d.hw, gamma.as<float>(),
                     beta.as<float>(), running_mean.as<float>(), running_var.as<float>(),
@@ -220,8 +222,9 @@ void CudaBackend::do_batchnorm_forward(const BatchNormConfig& cfg, bool training
 }
 
 void CudaBackend::do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy,
-                                     const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                                        const Tensor& gamma, const Tensor& mean,
+                                        const Tensor& invstd, const Tensor& dx,
+                                        const Tensor& dgamma, const Tensor& dbeta) {
   const NchwDims d = batchnorm_dims(x, gamma);
   launch_bn_backward(x.data, dy.data, dx.data, x.dtype, dy.dtype, dx.dtype, d.n, d.c, d.hw,
                      gamma.as<float>(), mean.as<float>(), invstd.as<float>(), dgamma.as<float>(),
@@ -229,12 +232,12 @@ void CudaBackend::do_batchnorm_backward(bool training, const Tensor& x, const Te
 }
 
 void CudaBackend::do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
-                                  const Tensor& mask) {
+                                     const Tensor& mask) {
   launch_dropout_fwd(x.data, y.data, mask.as<uint8_t>(), x.dtype, x.numel(), p, seed, stream());
 }
 
 void CudaBackend::do_dropout_backward(const Tensor& dy, const Tensor& mask, float p,
-                                   const Tensor& dx) {
+                                      const Tensor& dx) {
   launch_dropout_bwd(dy.data, mask.as<uint8_t>(), dx.data, dy.dtype, dy.numel(), p, stream());
 }
 
@@ -247,12 +250,11 @@ void CudaBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& y) {
 // fused_unscale: the optimizer kernels read fp32 gradients as they are.
 RT_KERNEL_FAMILY(cuda, core) {
   for (Op op : {Op::gemm, Op::cast, Op::bias_add, Op::bias_grad, Op::relu, Op::relu_backward,
-                Op::unscale_check, Op::any_nonfinite, Op::conv2d, Op::maxpool2d,
-                Op::avgpool_global, Op::batchnorm, Op::dropout, Op::add, Op::embedding,
-                Op::layernorm, Op::attention})
+                Op::unscale_check, Op::any_nonfinite, Op::conv2d, Op::maxpool2d, Op::avgpool_global,
+                Op::batchnorm, Op::dropout, Op::add, Op::embedding, Op::layernorm, Op::attention})
     table.declare(op_name(op), kFloatDTypes);
-  for (Op op : {Op::softmax_xent, Op::sum_squares, Op::scale, Op::sgd_step, Op::adamw_step,
-                Op::token_xent})
+  for (Op op :
+       {Op::softmax_xent, Op::sum_squares, Op::scale, Op::sgd_step, Op::adamw_step, Op::token_xent})
     table.declare(op_name(op), {DType::f32});
 }
 

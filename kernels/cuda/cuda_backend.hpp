@@ -81,64 +81,64 @@ class CudaBackend final : public Backend {
   bool capable(std::string_view op, DType dtype) const override;
   void check_device(const Tensor& t, const char* what) const override;
 
-  void do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b, float beta,
-            const Tensor& c) override;
+  void do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+               float beta, const Tensor& c) override;
   void do_cast(const Tensor& src, const Tensor& dst) override;
   void do_bias_add(const Tensor& y, const Tensor& bias, Activation act) override;
   void do_bias_grad(const Tensor& dy, const Tensor& db) override;
   void do_relu(const Tensor& x, const Tensor& y) override;
   void do_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   XentResult do_softmax_xent(const Tensor& logits, const Tensor& labels, float grad_scale,
-                          const Tensor* dlogits, float label_smoothing) override;
+                             const Tensor* dlogits, float label_smoothing) override;
   bool do_unscale_check(const Tensor& in, float factor, const Tensor& out) override;
   bool do_any_nonfinite(const Tensor& x) override;
   double do_sum_squares(const Tensor& x) override;
   void do_scale(const Tensor& x, float factor) override;
   void do_sgd_step(const SgdConfig& cfg, const Tensor& param, const Tensor& grad,
-                const Tensor* momentum, const Tensor* work) override;
+                   const Tensor* momentum, const Tensor* work) override;
   void do_adamw_step(const AdamWConfig& cfg, const Tensor& param, const Tensor& grad,
-                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) override;
+                     const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* work) override;
 
   void do_conv2d_forward(const ConvShape& cs, const Tensor& x, const Tensor& w, const Tensor* bias,
-                      Activation act, const Tensor& y) override;
+                         Activation act, const Tensor& y) override;
   void do_conv2d_backward_data(const ConvShape& cs, const Tensor& dy, const Tensor& w,
-                            const Tensor& dx) override;
+                               const Tensor& dx) override;
   void do_conv2d_backward_filter(const ConvShape& cs, const Tensor& x, const Tensor& dy,
-                              const Tensor& dw, const Tensor* db) override;
+                                 const Tensor& dw, const Tensor* db) override;
   void do_maxpool2d_forward(const PoolShape& ps, const Tensor& x, const Tensor& y,
-                         const Tensor& argmax) override;
+                            const Tensor& argmax) override;
   void do_maxpool2d_backward(const PoolShape& ps, const Tensor& dy, const Tensor& argmax,
-                          const Tensor& dx) override;
+                             const Tensor& dx) override;
   void do_avgpool_global_forward(const Tensor& x, const Tensor& y) override;
   void do_avgpool_global_backward(const Tensor& dy, const Tensor& dx) override;
   void do_batchnorm_forward(const BatchNormConfig& cfg, bool training, const Tensor& x,
-                         const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, const Tensor& y, const Tensor& mean,
-                         const Tensor& invstd) override;
+                            const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                            const Tensor& running_var, const Tensor& y, const Tensor& mean,
+                            const Tensor& invstd) override;
   void do_batchnorm_backward(bool training, const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                          const Tensor& mean, const Tensor& invstd, const Tensor& dx,
-                          const Tensor& dgamma, const Tensor& dbeta) override;
+                             const Tensor& mean, const Tensor& invstd, const Tensor& dx,
+                             const Tensor& dgamma, const Tensor& dbeta) override;
   void do_dropout_forward(const Tensor& x, float p, uint64_t seed, const Tensor& y,
-                       const Tensor& mask) override;
-  void do_dropout_backward(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override;
+                          const Tensor& mask) override;
+  void do_dropout_backward(const Tensor& dy, const Tensor& mask, float p,
+                           const Tensor& dx) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& y) override;
   // transformer_ops.cpp (kernels in transformer.cu)
   void do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
-                         const Tensor& y) override;
+                            const Tensor& y) override;
   void do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
-                          const Tensor* dwpe) override;
+                             const Tensor* dwpe) override;
   void do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+                            const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
   void do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                          const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                          const Tensor& dgamma, const Tensor& dbeta) override;
+                             const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                             const Tensor& dgamma, const Tensor& dbeta) override;
   void do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                         const Tensor& lse) override;
-  void do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                          const Tensor& lse, const Tensor& dqkv) override;
+                            const Tensor& lse) override;
+  void do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
+                             const Tensor& dout, const Tensor& lse, const Tensor& dqkv) override;
   XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
-                        float grad_scale, const Tensor* dlogits) override;
-
+                           float grad_scale, const Tensor* dlogits) override;
 
  private:
   cudaStream_t stream() const { return rt_.stream(); }

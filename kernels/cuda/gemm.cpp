@@ -43,7 +43,7 @@ uint32_t alignment(const void* p) {
 }  // namespace
 
 void CudaBackend::do_gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                       float beta, const Tensor& c) {
+                          float beta, const Tensor& c) {
   // (shapes checked by Backend::gemm)
   const int64_t m = trans_a ? a.dim(1) : a.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   if (m == 0 || n == 0) return;

@@ -55,8 +55,8 @@ DeviceRuntime& runtime(int index, const MemoryPolicy* policy = nullptr);
 
 // Environment tunables of the CUDA backend, read once (style.md: one table).
 struct CudaEnv {
-  bool tf32 = false;     // RINGTRAIN_CUDA_TF32=1: fp32 GEMM/convolution on TF32 tensor cores
-  bool gemm_ex = false;  // RINGTRAIN_CUDA_GEMM=gemmex: cublasGemmEx instead of cuBLASLt
+  bool tf32 = false;          // RINGTRAIN_CUDA_TF32=1: fp32 GEMM/convolution on TF32 tensor cores
+  bool gemm_ex = false;       // RINGTRAIN_CUDA_GEMM=gemmex: cublasGemmEx instead of cuBLASLt
   size_t gemm_workspace = 0;  // bytes: RINGTRAIN_CUDA_GEMM_WORKSPACE_MB
   size_t conv_workspace = 0;  // bytes: RINGTRAIN_CUDA_CONV_WORKSPACE_MB, cap per convolution
 };

@@ -16,14 +16,14 @@
 namespace ringtrain::kernels::cuda {
 
 void CudaBackend::do_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
-                                    const Tensor& y) {
+                                       const Tensor& y) {
   RT_CHECK(!wpe || wpe->dtype == wte.dtype, "token and positional embeddings differ in dtype");
   launch_embedding_fwd(tokens.as<int32_t>(), wte.data, wpe ? wpe->data : nullptr, wte.dtype, y.data,
                        y.dtype, tokens.numel(), tokens.dim(1), wte.dim(1), stream());
 }
 
 void CudaBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
-                                     const Tensor* dwpe) {
+                                        const Tensor* dwpe) {
   CUDA_CHECK(cudaMemsetAsync(dwte.data, 0, dwte.bytes(), stream()));
   if (dwpe) {
     CUDA_CHECK(cudaMemsetAsync(dwpe->data, 0, dwpe->bytes(), stream()));
@@ -36,16 +36,16 @@ void CudaBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dy, 
 }
 
 void CudaBackend::do_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                    float eps, const Tensor& y, const Tensor& mean,
-                                    const Tensor& rstd) {
+                                       float eps, const Tensor& y, const Tensor& mean,
+                                       const Tensor& rstd) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
   launch_layernorm_fwd(x.data, x.dtype, gamma.as<float>(), beta.as<float>(), eps, y.data, y.dtype,
                        mean.as<float>(), rstd.as<float>(), rows, c, stream());
 }
 
 void CudaBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                     const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                                     const Tensor& dgamma, const Tensor& dbeta) {
+                                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                        const Tensor& dgamma, const Tensor& dbeta) {
   const int64_t rows = layernorm_rows(x, gamma), c = gamma.numel();
   RT_CHECK(dx.dtype == dy.dtype, "the CUDA layer norm gradient is written in dy's dtype ",
            dtype_name(dy.dtype), ", got dx ", dtype_name(dx.dtype));
@@ -56,7 +56,7 @@ void CudaBackend::do_layernorm_backward(const Tensor& x, const Tensor& dy, const
 }
 
 void CudaBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                    const Tensor& lse) {
+                                       const Tensor& lse) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   RT_CHECK(out.dtype == qkv.dtype, "attention output ", dtype_name(out.dtype), " for qkv ",
            dtype_name(qkv.dtype));
@@ -75,7 +75,7 @@ void CudaBackend::do_attention_forward(int64_t heads, const Tensor& qkv, const T
 }
 
 void CudaBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
-                                     const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
+                                        const Tensor& dout, const Tensor& lse, const Tensor& dqkv) {
   const AttentionDims d = attention_dims(heads, qkv, out, lse);
   RT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel() && out.dtype == qkv.dtype &&
                dout.dtype == qkv.dtype && dqkv.dtype == qkv.dtype,
@@ -97,7 +97,7 @@ void CudaBackend::do_attention_backward(int64_t heads, const Tensor& qkv, const 
 }
 
 XentResult CudaBackend::do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
-                                   float grad_scale, const Tensor* dlogits) {
+                                      float grad_scale, const Tensor* dlogits) {
   const int64_t vp = logits.shape.back(), rows = logits.numel() / (vp ? vp : 1);
   const size_t need = size_t(rows) * 12 + 16;
   char* dev = static_cast<char*>(scratch(kReduce, need));

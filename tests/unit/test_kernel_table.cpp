@@ -52,7 +52,9 @@ const std::map<std::string, OpCall>& op_calls() {
          be.bias_add(p.make({2, 3}, t), p.make({3}, f32), Activation::relu);
        }},
       {"bias_grad",
-       [](Backend& be, Pool& p, DType t) { be.bias_grad(p.make({2, 3}, t), p.make({3}, f32)); }},
+       [](Backend& be, Pool& p, DType t) {
+         be.bias_grad(p.make({2, 3}, t), p.make({3}, f32));
+       }},
       {"relu", [](Backend& be, Pool& p, DType t) { be.relu(p.make({5}, t), p.make({5}, t)); }},
       {"relu_backward",
        [](Backend& be, Pool& p, DType t) {
@@ -63,8 +65,8 @@ const std::map<std::string, OpCall>& op_calls() {
          Tensor dl = p.make({2, 3}, t);
          be.softmax_xent(p.make({2, 3}, t), p.make({2}, i32), 1.f, &dl);
        }},
-      {"unscale_check",
-       [](Backend& be, Pool& p, DType t) { be.unscale_check(p.make({5}, t), 1.f, p.make({5}, f32)); }},
+      {"unscale_check", [](Backend& be, Pool& p,
+                           DType t) { be.unscale_check(p.make({5}, t), 1.f, p.make({5}, f32)); }},
       {"fused_unscale",  // the read-only check, and an optimizer step on a scaled gradient
        [](Backend& be, Pool& p, DType t) {
          be.unscale_check(p.make({5}, t), 0.5f, Tensor(nullptr, {5}, f32));
@@ -124,10 +126,8 @@ const std::map<std::string, OpCall>& op_calls() {
          be.dropout_forward(x, 0.5f, 1, y, mask);
          be.dropout_backward(y, mask, 0.5f, x);
        }},
-      {"add",
-       [](Backend& be, Pool& p, DType t) {
-         be.add(p.make({5}, t), p.make({5}, t), p.make({5}, t));
-       }},
+      {"add", [](Backend& be, Pool& p,
+                 DType t) { be.add(p.make({5}, t), p.make({5}, t), p.make({5}, t)); }},
       {"embedding",
        [](Backend& be, Pool& p, DType t) {
          const Tensor tokens = p.make({1, 2}, i32), wte = p.make({4, 3}, t);
@@ -231,7 +231,11 @@ TEST(KernelTable, ForwardingBackendRunsTheInnerTable) {
 TEST(KernelTable, DoubleRegistrationIsRefused) {
   KernelTable t;
   t.declare("gemm", {DType::f32});
-  EXPECT_TRUE(throws_kind([&] { t.declare("gemm", {DType::bf16, DType::f32}); }, ErrorKind::runtime));
+  EXPECT_TRUE(throws_kind(
+      [&] {
+        t.declare("gemm", {DType::bf16, DType::f32});
+      },
+      ErrorKind::runtime));
   EXPECT_TRUE(t.has("gemm", DType::f32));
   EXPECT_FALSE(t.has("gemm", DType::f16));
   EXPECT_EQ(t.find_unary("gemm", DType::f32), nullptr);
