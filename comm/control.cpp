@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "comm/flight_recorder.hpp"
 #include "comm/mpi/mpi_check.hpp"
 #include "core/error.hpp"
 
@@ -23,6 +24,13 @@ constexpr auto kGrace = std::chrono::milliseconds(1000);
 // prints) waits for the failing rank's MPI_Abort before it aborts the job itself.
 constexpr auto kFallback = std::chrono::seconds(10);
 constexpr auto kPoll = std::chrono::milliseconds(5);
+// How long the printing rank waits for the other ranks' flight-recorder dumps (each takes
+// milliseconds; a dead rank never answers).
+constexpr auto kDumpWait = std::chrono::seconds(3);
+
+void dump_flight_recorder(const std::string& reason) {
+  if (FlightRecorder* rec = FlightRecorder::instance()) rec->dump_final(reason);
+}
 
 std::atomic<ControlChannel*> g_instance{nullptr};
 
@@ -130,6 +138,14 @@ void ControlChannel::handle(const int64_t* msg, int from) {
       int none = 0;
       if (remote_code_.compare_exchange_strong(none, int(msg[1]))) notice_time_ = Clock::now();
       cv_.notify_all();
+      dump_flight_recorder(cat("failure notice from rank ", msg[2], " (exit code ", msg[1], ")"));
+      post(from, kDumped, 0, 0, 0);
+      break;
+    }
+    case kDumped: {
+      std::lock_guard<std::mutex> lock(mu_);
+      dumped_.fetch_add(1);
+      cv_.notify_all();
       break;
     }
     case kQuery:
@@ -223,6 +239,7 @@ void ControlChannel::fail(int code, const std::string& message) {
     std::this_thread::sleep_for(kGrace + kFallback);
     abort_world(code);
   }
+  dump_flight_recorder(message);
   if (!thread_.joinable()) {  // one rank, or no MPI_THREAD_MULTIPLE: nobody to arbitrate with
     print_error(message);
     abort_world(code);
@@ -234,6 +251,8 @@ void ControlChannel::fail(int code, const std::string& message) {
   std::unique_lock<std::mutex> lock(mu_);
   if (rank_ > 0) cv_.wait_for(lock, kGrace, [&] { return lowest_failed_.load() < rank_; });
   const bool printer = lowest_failed_.load() == rank_;
+  // The other ranks' dumps before the abort ends them (each answers once it has written).
+  if (printer) cv_.wait_for(lock, kDumpWait, [&] { return dumped_.load() >= size_ - 1; });
   lock.unlock();
   if (printer) {
     print_error(message);

@@ -9,7 +9,9 @@
 // notice to every rank, waits a short grace period for notices from lower ranks, prints its
 // message only if no lower rank failed too (so one rank prints), and ends the job with
 // MPI_Abort. A rank that only received a notice stays silent and is ended by that abort; if
-// it is still alive well after the grace period, it aborts the job itself.
+// it is still alive well after the grace period, it aborts the job itself. Every rank writes
+// its flight recorder (comm/flight_recorder.hpp) as it fails or receives a notice and says so
+// to the failing rank, which waits up to kDumpWait for those answers before the abort.
 #pragma once
 
 #include <mpi.h>
@@ -57,7 +59,7 @@ class ControlChannel {
   int failure_elsewhere() const { return remote_code_.load(); }
 
  private:
-  enum Kind : int64_t { kFail = 1, kQuery = 2, kReply = 3 };
+  enum Kind : int64_t { kFail = 1, kQuery = 2, kReply = 3, kDumped = 4 };
   void serve();  // the service thread
   void post(int to, int64_t kind, int64_t a, int64_t b, int64_t c);
   void progress_sends();  // completes finished sends (lock held)
@@ -71,6 +73,7 @@ class ControlChannel {
   std::atomic<int> remote_code_{0};
   std::atomic<int> lowest_failed_{-1};  // lowest rank known to have failed, -1 for none
   std::atomic<bool> failing_{false};
+  std::atomic<int> dumped_{0};  // ranks that answered a failure notice with their dump
   std::chrono::steady_clock::time_point notice_time_;
 
   std::mutex mu_;  // the fields below

@@ -3,8 +3,10 @@
 #include "comm/grad_reducer.hpp"
 
 #include <chrono>
+#include <cstdio>
 
 #include "comm/control.hpp"
+#include "comm/flight_recorder.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
 #include "kernels/kernels.hpp"
@@ -16,7 +18,11 @@ using Clock = std::chrono::steady_clock;
 GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor grad,
                          const std::vector<std::pair<int64_t, int64_t>>& params,
                          const std::vector<size_t>& groups)
-    : comm_(comm), cfg_(cfg), grad_(grad), watch_(ControlChannel::instance(), cfg.stall_timeout_s) {
+    : comm_(comm),
+      cfg_(cfg),
+      grad_(grad),
+      watch_(ControlChannel::instance(), cfg.stall_timeout_s),
+      hold_(stall_hook()) {
   RT_REQUIRE(cfg.bucket_bytes > 0, "--bucket-mb must be positive");
   RT_CHECK(cfg.shards.empty() ||
                (cfg.shards.world() == comm.size() && cfg.shards.total() == grad.numel()),
@@ -108,6 +114,13 @@ void GradReducer::reduce(size_t b) {
     }
   }
   maybe_inject_fault("reduce", step_);
+  if (hold_.reduce && hold_.rank == comm_.rank() && hold_.step == step_ && b == 0) {  // test-only
+    std::fprintf(stderr,
+                 "ringtrain: test: rank %d held in the gradient reduction of step %lld for %g s\n",
+                 comm_.rank(), static_cast<long long>(step_), hold_.seconds);
+    std::this_thread::sleep_for(std::chrono::duration<double>(hold_.seconds));
+  }
+  const FlightBucket in_bucket{int64_t(b)};
   watch_.enter(step_, int64_t(b));
   void* bucket = wire_.slice(k.offset, {k.count}).data;
   if (cfg_.shards.empty())
@@ -127,6 +140,7 @@ void GradReducer::gather(size_t b) {
   maybe_inject_fault("gather", step_);
   // After every reduction of the step in the stall watch's order of positions, so that a
   // rank still reducing counts as behind one that gathers (buckets gather last to first).
+  const FlightBucket in_bucket{int64_t(b)};
   watch_.enter(step_, int64_t(2 * buckets_.size() - 1 - b), "weight all-gather", int64_t(b));
   comm_.allgatherv(gather_.slice(k.offset, {k.count}).data,
                    cfg_.shards.counts_in(k.offset, k.count), gather_.dtype);
@@ -140,6 +154,7 @@ void GradReducer::gather(size_t b) {
 }
 
 void GradReducer::run() {
+  set_flight_thread_name("comm");
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || done_ < ready_ || gathered_ < gather_ready_; });

@@ -28,6 +28,7 @@
 #include "comm/communicator.hpp"
 #include "comm/shard_layout.hpp"
 #include "comm/stall.hpp"
+#include "core/fault_injection.hpp"
 #include "core/tensor.hpp"
 
 namespace ringtrain::comm {
@@ -114,6 +115,7 @@ class GradReducer {
   std::vector<size_t> bucket_of_;  // parameter -> bucket
   std::vector<size_t> pending_;    // parameters still to come, per bucket
   StallWatch watch_;
+  StallHook hold_;  // test-only: RINGTRAIN_TEST_STALL's hold inside the reduction
   int64_t step_ = 0;
   double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;

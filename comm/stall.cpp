@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/control.hpp"
+#include "comm/flight_recorder.hpp"
 #include "core/error.hpp"
 
 namespace ringtrain::comm {
@@ -71,8 +72,14 @@ void StallWatch::watch() {
             behind.empty() ? (channel_ ? "(none behind: a network or MPI problem)"
                                        : "(the other ranks could not be asked)")
                            : behind);
-    if (channel_) channel_->fail(2, message);
-    std::fprintf(stderr, "ringtrain: error: %s\n", message.c_str());
+    const FlightRecorder* rec = FlightRecorder::instance();
+    const std::string dumps =
+        rec && !rec->dir().empty()
+            ? cat("; flight recorders in ", rec->dir(), " (ringtrain analyze ", rec->dir(), ")")
+            : std::string();
+    if (channel_) channel_->fail(2, message + dumps);
+    if (FlightRecorder* own = FlightRecorder::instance()) own->dump_final(message);
+    std::fprintf(stderr, "ringtrain: error: %s%s\n", message.c_str(), dumps.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 2);
     std::_Exit(2);

@@ -64,10 +64,23 @@ StallHook stall_hook() {
   long long step = 0;
   char point[16] = {0};
   const int got = std::sscanf(v.c_str(), "%d:%lld:%lf:%15s", &h.rank, &step, &h.seconds, point);
-  RT_REQUIRE(got == 3 || (got == 4 && std::string(point) == "gather"), "RINGTRAIN_TEST_STALL='", v,
-             "' is not valid; expected RANK:STEP:SECONDS[:gather]");
+  RT_REQUIRE(
+      got == 3 || (got == 4 && (std::string(point) == "gather" || std::string(point) == "reduce")),
+      "RINGTRAIN_TEST_STALL='", v, "' is not valid; expected RANK:STEP:SECONDS[:gather|:reduce]");
   h.step = step;
-  h.gather = got == 4;
+  h.gather = got == 4 && std::string(point) == "gather";
+  h.reduce = got == 4 && std::string(point) == "reduce";
+  return h;
+}
+
+SlowHook slow_forward_hook() {
+  SlowHook h;
+  const std::string v = env::test_slow_forward();
+  if (v.empty()) return h;
+  long long ms = 0;
+  RT_REQUIRE(std::sscanf(v.c_str(), "%d:%lld", &h.rank, &ms) == 2, "RINGTRAIN_TEST_SLOW_FORWARD='",
+             v, "' is not valid; expected RANK:MS");
+  h.seconds = double(ms) * 1e-3;
   return h;
 }
 

@@ -23,15 +23,25 @@ void maybe_inject_fault(const char* point, int64_t step = -1);
 // caller simulates the failure itself (an errno) instead of throwing.
 bool fault_requested(const char* point, int64_t step = -1);
 
-// Test-only stall: RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather] holds rank RANK back for
-// SECONDS before step STEP, or before its all-gather of that step under --zero 1 (the stall
-// detection tests, tests/e2e/stall.sh and zero.sh). rank -1: no stall.
+// Test-only stall: RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather|:reduce] holds rank RANK
+// back for SECONDS before step STEP, before its all-gather of that step under --zero 1, or
+// inside its gradient reduction of that step before it joins the first bucket's collective
+// (the stall detection and flight-recorder tests, tests/e2e/stall.sh, zero.sh and
+// diagnose.sh). rank -1: no stall.
 struct StallHook {
   int rank = -1;
   int64_t step = 0;
   double seconds = 0;
-  bool gather = false;
+  bool gather = false, reduce = false;
 };
 StallHook stall_hook();
+
+// Test-only straggler: RINGTRAIN_TEST_SLOW_FORWARD=RANK:MS makes rank RANK sleep MS
+// milliseconds in every forward (tests/e2e/diagnose.sh). rank -1: none.
+struct SlowHook {
+  int rank = -1;
+  double seconds = 0;
+};
+SlowHook slow_forward_hook();
 
 }  // namespace ringtrain

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <optional>
 
+#include "comm/flight_recorder.hpp"
+#include "comm/recording_communicator.hpp"
 #include "io/checkpoint.hpp"
 #include "io/convert_output.hpp"
 #include "io/convert_source.hpp"
@@ -42,8 +44,26 @@ bool parse_agreed(bool (*parse)(const std::vector<std::string>&, Config&, std::s
 
 }  // namespace
 
+// The run's flight recorder (--flight-recorder K; null when 0), dumping into --debug-dir or
+// else --checkpoint-dir, on SIGUSR2 too.
+std::unique_ptr<comm::FlightRecorder> make_flight_recorder(const TrainConfig& cfg,
+                                                           const comm::Communicator& comm) {
+  if (cfg.flight_recorder <= 0) return nullptr;
+  comm::FlightRecorder::Identity who;
+  who.rank = comm.rank();
+  who.world_size = comm.size();
+  who.job = job_id();
+  who.hosts = rank_hosts(comm);
+  auto rec = std::make_unique<comm::FlightRecorder>(
+      size_t(cfg.flight_recorder), cfg.debug_dir.empty() ? cfg.checkpoint_dir : cfg.debug_dir,
+      std::move(who));
+  rec->dump_on_readable(install_dump_handler());
+  return rec;
+}
+
 int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   install_stop_handlers();  // from the start: a signal during setup stops at the first step
+  install_dump_handler();
   TrainConfig cfg;
   if (!parse_agreed(parse_train, args, cfg, comm)) return 0;
   if (cfg.print_config) {  // only after the checks a run's start makes of data and model
@@ -53,10 +73,18 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
   }
   // hierarchical, or on cuda NCCL or MPI staged through host memory; null: comm itself.
   std::unique_ptr<comm::Communicator> own = make_train_communicator(cfg, comm);
+  comm::Communicator* train_comm = own ? own.get() : &comm;
+  // Every collective of the run through the recorder (it outlives the trainer's threads).
+  const std::unique_ptr<comm::FlightRecorder> recorder = make_flight_recorder(cfg, comm);
+  std::unique_ptr<comm::RecordingCommunicator> recorded;
+  if (recorder) {
+    recorded = std::make_unique<comm::RecordingCommunicator>(*train_comm, *recorder);
+    train_comm = recorded.get();
+  }
   // Setup agrees on its errors; from the first collective on, an error ends the job from
   // the rank that saw it, with the trainer (its threads, open files) left as it is.
   std::optional<Trainer> trainer;
-  run_or_fail([&] { trainer.emplace(cfg, own ? *own : comm); });
+  run_or_fail([&] { trainer.emplace(cfg, *train_comm); });
   return run_or_fail([&] { return trainer->run(); });
 }
 

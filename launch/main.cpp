@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "io/hdf5.hpp"
+#include "launch/analyze.hpp"
 #include "launch/commands.hpp"
 #include "train/job.hpp"
 #include "train/signals.hpp"
@@ -35,6 +36,8 @@ const char* kUsage =
     "  inspect FILE.h5 | --schema              what a dataset or checkpoint holds; the\n"
     "                                          checkpoint format\n"
     "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
+    "  analyze DIR                             where a stuck or slow job's ranks were (their\n"
+    "                                          flight-recorder dumps)\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";
 
@@ -55,7 +58,10 @@ int main(int argc, char** argv) {
   // A stop signal while MPI starts (MPI_Init can take seconds on a large job) stops a
   // training run like one a moment later, at the first step boundary with a checkpoint,
   // instead of killing the rank: the handlers (which only set a flag) come first.
-  if (args[0] == "train") install_stop_handlers();
+  if (args[0] == "train") {
+    install_stop_handlers();
+    install_dump_handler();  // SIGUSR2: a flight-recorder dump, never the default (an exit)
+  }
   io::silence_hdf5_errors();
   // Buffers up to 64 MiB (HDF5's chunk buffers, activations) come from the heap and are
   // reused, instead of fresh zeroed mmap pages per allocation: perf showed 15% of a
@@ -87,10 +93,11 @@ int main(int argc, char** argv) {
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
+    if (command == "analyze") return cmd_analyze(args, world);
     run_and_agree(world, [&] {
       throw_input(cat("unknown command '", command,
                       "'; expected train, eval, predict, sample, export, convert, "
-                      "inspect, model or --version"));
+                      "inspect, model, analyze or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;

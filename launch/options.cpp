@@ -173,7 +173,14 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("tensorboard", po::value(&c.tensorboard), "write TensorBoard event files into this directory (rank 0)")
       ("histogram-every", value_or_default(&c.histogram_every), "weight and gradient histograms every N steps (0: never)")
       ("timeline", po::value(&c.timeline), "write a Chrome trace (Perfetto, chrome://tracing) of --timeline-steps, all ranks")
-      ("timeline-steps", value_or_default(&c.timeline_steps), "A:B, the steps the timeline covers");
+      ("timeline-steps", value_or_default(&c.timeline_steps), "A:B, the steps the timeline covers")
+      ("flight-recorder", value_or_default(&c.flight_recorder), "entries of each rank's ring of recent collectives and phases, dumped on a stall, an abort or SIGUSR2 (0: off)")
+      ("debug-dir", po::value(&c.debug_dir), "directory of the flight-recorder dumps, one file per rank (default: --checkpoint-dir; neither: no dumps)")
+      ("flight-recorder-dump-step", value_or_default(&c.flight_recorder_dump_step), "also dump every rank's flight recorder after step N (0: never)")
+      ("straggler-threshold", value_or_default(&c.straggler_threshold), "name a rank whose compute before the gradient reduction exceeds the ranks' median by this fraction (> 0)")
+      ("straggler-window", value_or_default(&c.straggler_window), "steps per straggler comparison: the ranks trade their times every N steps (0: no detection)")
+      ("prometheus-file", po::value(&c.prometheus_file), "Prometheus text-exposition file (node_exporter's textfile collector), replaced every --prometheus-every seconds; {rank} in the name: one file per rank, else rank 0's")
+      ("prometheus-every", value_or_default(&c.prometheus_every), "seconds between rewrites of --prometheus-file (> 0)");
   po::options_description debug = debug_options();
   debug.add_options()
       ("check-numerics", po::bool_switch(&c.check_numerics), "find and name the first layer and rank with inf/nan each step");
@@ -293,6 +300,19 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   parse_step_window(c.timeline_steps);  // input error now, not after training
   RT_REQUIRE(c.histogram_every >= 0, "--histogram-every ", c.histogram_every,
              " is not valid: must be >= 0");
+  RT_REQUIRE(c.flight_recorder >= 0 && c.flight_recorder <= (int64_t(1) << 24),
+             "--flight-recorder ", c.flight_recorder,
+             " is not valid; expected 0 (off) to 16777216 entries");
+  RT_REQUIRE(c.flight_recorder_dump_step >= 0, "--flight-recorder-dump-step ",
+             c.flight_recorder_dump_step, " is not valid: must be >= 0");
+  RT_REQUIRE(c.flight_recorder_dump_step == 0 || c.flight_recorder > 0,
+             "--flight-recorder-dump-step needs the flight recorder (--flight-recorder > 0)");
+  RT_REQUIRE(c.flight_recorder_dump_step == 0 || !c.debug_dir.empty() || !c.checkpoint_dir.empty(),
+             "--flight-recorder-dump-step needs --debug-dir or --checkpoint-dir to write into");
+  require_positive(c.straggler_threshold, "straggler-threshold", 1e6);
+  RT_REQUIRE(c.straggler_window >= 0, "--straggler-window ", c.straggler_window,
+             " is not valid: must be >= 0");
+  require_positive(c.prometheus_every, "prometheus-every", 1e6);
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");

@@ -24,6 +24,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libonnx-dev
   zlib1g-dev
+  nlohmann-json3-dev
   libpng-dev libjpeg62-turbo-dev libzip-dev
   dataset-fashion-mnist
   python3-h5py

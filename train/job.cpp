@@ -237,6 +237,22 @@ std::string threads_rule(int requested, const comm::Communicator& comm) {
   return threads_and_rule(requested, comm).second;
 }
 
+std::string job_id() {
+  for (const char* var : {"SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID"})
+    if (const char* v = std::getenv(var); v && *v) return v;
+  return "local";
+}
+
+std::vector<std::string> rank_hosts(const comm::Communicator& comm) {
+  const comm::ControlChannel* channel = comm::ControlChannel::instance();
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r)
+    out.push_back(channel && channel->size() == comm.size() ? channel->host_of(r)
+                  : r == comm.rank()                        ? hostname()
+                                                            : "?");
+  return out;
+}
+
 void run_and_agree(comm::Communicator& comm, const std::function<void()>& fn) {
   int code = 0;
   std::string message;

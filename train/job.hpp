@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/control.hpp"
@@ -64,6 +65,10 @@ class MpiSession {
 };
 
 std::string hostname();
+// The batch system's job id (SLURM_JOB_ID, PBS_JOBID, LSB_JOBID, FLUX_JOB_ID), else "local".
+std::string job_id();
+// The host of every rank of `comm` (from the control channel; without one, this rank's).
+std::vector<std::string> rank_hosts(const comm::Communicator& comm);
 // Whether Open MPI's mpirun started this process (OMPI_COMM_WORLD_SIZE is set): it gives
 // every rank a pseudo-terminal and forwards Ctrl-C as SIGTERM.
 bool started_by_mpirun();

@@ -1,6 +1,9 @@
 // Async-signal-safe stop flag (see signals.hpp).
 #include "train/signals.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <initializer_list>
 
@@ -8,7 +11,25 @@ namespace ringtrain::launch {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void on_stop(int sig) { g_signal = sig; }
+int g_dump_pipe[2] = {-1, -1};
+extern "C" void on_dump(int) {
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = write(g_dump_pipe[1], &byte, 1);  // non-blocking
+}
 }  // namespace
+
+int install_dump_handler() {
+  if (g_dump_pipe[0] >= 0) return g_dump_pipe[0];
+  if (pipe(g_dump_pipe) != 0) return -1;
+  for (int fd : g_dump_pipe) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  fcntl(g_dump_pipe[1], F_SETFL, O_NONBLOCK);
+  struct sigaction sa = {};
+  sa.sa_handler = on_dump;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR2, &sa, nullptr);
+  return g_dump_pipe[0];
+}
 
 void install_stop_handlers() {
   struct sigaction sa = {};
@@ -28,6 +49,8 @@ std::string signal_name(int sig) {
       return "SIGTERM";
     case SIGINT:
       return "SIGINT";
+    case SIGUSR2:
+      return "SIGUSR2";
     default:
       return "signal " + std::to_string(sig);
   }

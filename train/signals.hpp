@@ -1,5 +1,7 @@
 // SIGUSR1, SIGTERM and SIGINT ask the job to stop: the handler only sets a flag; the
 // trainer agrees on it across ranks at the next step boundary, saves and exits 75.
+// SIGUSR2 asks every rank that gets it for its flight-recorder dump: the handler only writes
+// a byte to a pipe, which the recorder's dump thread reads (comm/flight_recorder.hpp).
 #pragma once
 
 #include <string>
@@ -8,6 +10,8 @@ namespace ringtrain::launch {
 
 void install_stop_handlers();
 bool stop_requested();
+// Installs the SIGUSR2 handler (once); returns the read end of its pipe.
+int install_dump_handler();
 int stop_signal();  // the signal received, 0 if none
 // "SIGTERM", "SIGUSR1", "SIGINT"; "signal N" for others.
 std::string signal_name(int sig);

@@ -36,6 +36,10 @@ bool StepObservers::veto_update(comm::Communicator& comm, int64_t step) {
   return veto;
 }
 
+void StepObservers::exchange(comm::Communicator& comm, int64_t step) {
+  for (auto& o : list_) o->exchange(comm, step);
+}
+
 void StepObservers::skipped(int64_t step) {
   for (auto& o : list_) o->skipped(step);
 }
@@ -71,6 +75,8 @@ void TimelineObserver::after(Phase phase, int64_t step, Clock::time_point begin,
       return timeline_.span("data wait", "data", 0, begin, end, step);
     case Phase::forward:
       return timeline_.span("forward + loss", "forward", 0, begin, end, step);
+    case Phase::backward:  // a span per node (after_backward_node)
+      return;
     case Phase::reduce:
       timeline_.span("wait for gradients", "comm", 0, begin, end, step);
       for (const auto& s : reducer_.spans())  // the communication thread's (tid 1)
@@ -117,6 +123,11 @@ void FaultObserver::before(Phase phase, int64_t step) {
 
 void FaultObserver::after(Phase phase, int64_t step, Clock::time_point, Clock::time_point) {
   if (phase == Phase::forward) maybe_inject_fault("forward", step);
+}
+
+void FaultObserver::after_forward_node(size_t node, const Tensor&) {
+  if (node == 0 && slow_forward_seconds_ > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(slow_forward_seconds_));
 }
 
 void FaultObserver::after_backward_node(size_t, const Tensor&) {

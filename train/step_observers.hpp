@@ -36,6 +36,7 @@ using Clock = std::chrono::steady_clock;
 enum class Phase {
   data,       // waiting for this rank's batch (and its upload)
   forward,    // one micro-batch's forward and loss
+  backward,   // one micro-batch's backward (the last one's buckets reduced as they fill)
   reduce,     // waiting for the gradient buckets still in flight after backward
   unscale,    // unscale + non-finite check into the fp32 gradient
   optimizer,  // clip, then the optimizer (--zero 1: on this rank's shard)
@@ -73,6 +74,9 @@ class StepObserver {
   // Collective: called on every rank, on every step, after the ranks agreed on the step's
   // gradients. True when the update must be skipped although the gradients are finite.
   virtual bool veto_update(comm::Communicator& /*comm*/, int64_t /*step*/) { return false; }
+  // Collective: called on every rank, on every step, after the ranks agreed on the step and
+  // before veto_update: figures an observer trades between ranks (straggler detection).
+  virtual void exchange(comm::Communicator& /*comm*/, int64_t /*step*/) {}
   virtual void skipped(int64_t /*step*/) {}  // the update was skipped (after the scaler's update)
   virtual void end_step(const StepRecord& /*record*/) {}
 };
@@ -86,6 +90,7 @@ class StepObservers {
   void before(Phase phase, int64_t step);
   void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end);
   bool veto_update(comm::Communicator& comm, int64_t step);  // every observer asked
+  void exchange(comm::Communicator& comm, int64_t step);
   void skipped(int64_t step);
   void end_step(const StepRecord& record);
   // after_forward/after_backward of the model's nodes, to every observer.
@@ -116,20 +121,23 @@ class TimelineObserver : public StepObserver {
 };
 
 // Test-only: RINGTRAIN_TEST_FAIL's points forward, backward and optimizer (core/
-// fault_injection.hpp), and --test-stall RANK:STEP:SECONDS[:gather], which holds one rank
-// back before a step (or before its all-gather) so that the others' stall detection fires.
+// fault_injection.hpp), RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather], which holds one rank
+// back before a step (or before its all-gather) so that the others' stall detection fires,
+// and RINGTRAIN_TEST_SLOW_FORWARD's delay in every forward of one rank (a straggler).
 class FaultObserver : public StepObserver {
  public:
   FaultObserver(int rank, int stall_rank, int64_t stall_step, double stall_seconds,
-                bool stall_gather)
+                bool stall_gather, double slow_forward_seconds)
       : rank_(rank),
         stall_rank_(stall_rank),
         stall_step_(stall_step),
         stall_seconds_(stall_seconds),
-        stall_gather_(stall_gather) {}
+        stall_gather_(stall_gather),
+        slow_forward_seconds_(slow_forward_seconds) {}
   void begin_step(int64_t step) override;
   void before(Phase phase, int64_t step) override;
   void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end) override;
+  void after_forward_node(size_t node, const Tensor& y) override;
   void after_backward_node(size_t node, const Tensor& dx) override;
 
  private:
@@ -137,6 +145,7 @@ class FaultObserver : public StepObserver {
   int64_t stall_step_;
   double stall_seconds_;
   bool stall_gather_;
+  double slow_forward_seconds_;  // RINGTRAIN_TEST_SLOW_FORWARD, on this rank (0: none)
   int64_t step_ = 0;
 };
 

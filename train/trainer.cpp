@@ -36,6 +36,7 @@ kernels::XentResult Trainer::forward_backward_all(const io::Batch& batch, float 
 kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t micro, float scale,
                                               int64_t step) {
   const bool last = micro + 1 == grad_accum_;
+  observers_.before(Phase::forward, step);
   const auto t0 = Clock::now();
   // Dropout's stream is that of the micro-batch's place in the global batch, so it does not
   // change when ranks and micro-batches trade places (4 ranks x 1 = 2 ranks x 2).
@@ -54,14 +55,17 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   finish_weight_gather();  // nodes that read no parameter leave nothing else to wait for
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   auto xent = loss_and_gradient(logits, yb, scale, dlogits);
-  observers_.after(Phase::forward, step, t0, Clock::now());
+  const auto t_forward = Clock::now();
+  observers_.after(Phase::forward, step, t0, t_forward);
+  observers_.before(Phase::backward, step);
   if (!last) {  // no communication before the last micro-batch (DDP's no_sync)
     model_->backward(ctx, dlogits, node_hooks_);
     accumulate_micro_grads(micro);
-    return xent;
+  } else {
+    reducer_->start_step(step);
+    model_->backward(ctx, dlogits, reduce_hooks_);  // buckets allreduced as they fill
   }
-  reducer_->start_step(step);
-  model_->backward(ctx, dlogits, reduce_hooks_);  // buckets allreduced as they fill
+  observers_.after(Phase::backward, step, t_forward, Clock::now());
   return xent;
 }
 
@@ -145,6 +149,7 @@ StepRecord Trainer::step_once() {
   const int64_t step = step_ + 1;
   observers_.begin_step(step);
   StepRecord r;
+  observers_.before(Phase::data, step);
   const auto t_start = Clock::now();
   const io::Batch& batch = stage_batch_(loader_->next(), device_);  // cuda: uploaded
   const auto t_data = Clock::now();
@@ -154,12 +159,15 @@ StepRecord Trainer::step_once() {
   const float scale = scaler_->scale();
   const kernels::XentResult xent = forward_backward_all(batch, scale, step);
   const auto t_backward = Clock::now();
+  observers_.before(Phase::reduce, step);
   r.exposed_comm_s = reducer_->finish();  // what of the reduction backward did not hide
   const auto t_reduced = Clock::now();
   observers_.after(Phase::reduce, step, t_backward, t_reduced);
+  observers_.before(Phase::unscale, step);
   const UnscaledGrads mine = unscale_and_check(scale);
   observers_.after(Phase::unscale, step, t_reduced, Clock::now());
   const UnscaledGrads agreed = agree_on_step(xent, mine, r);
+  observers_.exchange(comm_, step);                              // straggler figures (collective)
   const bool veto = observers_.veto_update(comm_, step);         // --check-numerics (collective)
   const bool apply = scaler_->update(agreed.nonfinite || veto);  // the same on every rank
   if (apply)
@@ -183,6 +191,7 @@ StepRecord Trainer::step_once() {
 void Trainer::save_checkpoint() {
   finish_weight_gather();
   if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
+  observers_.before(Phase::checkpoint, step_);
   const auto t_ckpt = Clock::now();
   {  // collective: every rank writes its share (an error ends the job: run_or_fail)
     const auto t0 = Clock::now();

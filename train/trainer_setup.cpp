@@ -10,8 +10,11 @@
 #include "core/fault_injection.hpp"
 #include "kernels/cuda/cuda_api.hpp"
 #include "train/evaluate.hpp"
+#include "train/flight_observer.hpp"
 #include "train/job.hpp"
 #include "train/model_source.hpp"
+#include "train/prometheus.hpp"
+#include "train/straggler.hpp"
 #include "train/trainer.hpp"
 
 namespace ringtrain::launch {
@@ -87,6 +90,7 @@ void Trainer::setup() {
   if (comm_.rank() == 0 && !cfg_.timeline.empty()) {
     check_timeline_path(cfg_.timeline);  // fail now, not after training
   }
+  if (!cfg_.prometheus_file.empty()) check_prometheus_path(cfg_.prometheus_file, comm_.rank());
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
@@ -199,10 +203,15 @@ void Trainer::add_observers() {
   const bool sharded = strategy_->partitions_gradients();
   numerics_ =
       std::make_unique<NumericsCheck>(*model_, *backend_, cfg_.check_numerics, comm_.rank());
+  if (comm::FlightRecorder* rec = comm::FlightRecorder::instance())
+    observers_.add(
+        std::make_unique<FlightObserver>(*rec, cfg_.flight_recorder_dump_step, comm_.rank() == 0));
   observers_.add(std::make_unique<TimelineObserver>(timeline_, *model_, *reducer_, sharded));
   const StallHook stall = stall_hook();  // test-only
-  observers_.add(std::make_unique<FaultObserver>(comm_.rank(), stall.rank, stall.step,
-                                                 stall.seconds, stall.gather));
+  const SlowHook slow = slow_forward_hook();
+  observers_.add(std::make_unique<FaultObserver>(comm_.rank(), stall.reduce ? -1 : stall.rank,
+                                                 stall.step, stall.seconds, stall.gather,
+                                                 slow.rank == comm_.rank() ? slow.seconds : 0));
   // Before the skip reporter: a skipped step is charged to its layers before the warning
   // names the layer that overflows most.
   observers_.add(
@@ -220,6 +229,29 @@ void Trainer::add_observers() {
   auto summary = std::make_unique<RunSummary>(global_batch_, tokens_ ? tokens_->seq_len() : 0);
   summary_ = summary.get();
   observers_.add(std::move(summary));
+  const std::vector<std::string> hosts = rank_hosts(comm_);
+  StragglerObserver* straggler = nullptr;
+  if (cfg_.straggler_window > 0) {
+    auto s = std::make_unique<StragglerObserver>(comm_.rank(), hosts, cfg_.straggler_threshold,
+                                                 cfg_.straggler_window, console_, metrics_,
+                                                 tensorboard_.get());
+    straggler = s.get();
+    observers_.add(std::move(s));
+  }
+  if (const std::string path = prometheus_path_for(cfg_.prometheus_file, comm_.rank());
+      !path.empty()) {
+    const MemoryUse m = memory_use();
+    observers_.add(std::make_unique<PrometheusObserver>(
+        path, cfg_.prometheus_every,
+        PrometheusObserver::Labels{job_id(), hosts[size_t(comm_.rank())], comm_.rank()},
+        global_batch_, tokens_ ? tokens_->seq_len() : 0,
+        std::vector<std::pair<std::string, int64_t>>{{"masters", m.masters},
+                                                     {"optimizer", m.optimizer},
+                                                     {"working_weights", m.work},
+                                                     {"fp32_read", m.fp32_read},
+                                                     {"gradients", m.grads}},
+        straggler));
+  }
   node_hooks_ = observers_.layer_hooks();
   strategy_->install_hooks(node_hooks_);
   reduce_hooks_ = node_hooks_;

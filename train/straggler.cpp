@@ -1,0 +1,89 @@
+// Straggler detection (see straggler.hpp).
+#include "train/straggler.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.hpp"
+
+namespace ringtrain::launch {
+
+void StragglerObserver::after(Phase phase, int64_t step, Clock::time_point begin,
+                              Clock::time_point end) {
+  if (phase == Phase::data) {
+    if (steps_ == 0) first_step_ = step;
+    data_s_ += std::chrono::duration<double>(end - begin).count();
+    data_end_ = end;
+  } else if (phase == Phase::reduce) {
+    // From the batch in hand to entering the wait for the gradients: forward and backward.
+    compute_s_ += std::chrono::duration<double>(begin - data_end_).count();
+    comm_s_ += std::chrono::duration<double>(end - begin).count();
+    ++steps_;
+  }
+}
+
+void StragglerObserver::exchange(comm::Communicator& comm, int64_t step) {
+  if (window_ <= 0 || step % window_ != 0) return;
+  const int n = comm.size();
+  const double steps = double(std::max<int64_t>(steps_, 1));
+  const double mine[3] = {compute_s_ / steps, data_s_ / steps, comm_s_ / steps};
+  std::vector<double> all(size_t(3 * n));
+  comm.allgather(mine, all.data(), 3, DType::f64);
+  std::vector<double> compute(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) compute[size_t(r)] = all[size_t(3 * r)];
+  std::vector<double> sorted = compute;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t m = sorted.size() / 2;
+  const double median = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
+  auto ratio = [&](int r) { return median > 0 ? compute[size_t(r)] / median : 1.0; };
+  score_ = ratio(rank_);
+  const int64_t first = first_step_;
+  steps_ = 0;
+  compute_s_ = data_s_ = comm_s_ = 0;
+  if (rank_ != 0) return;
+  int slowest = 0;
+  for (int r = 1; r < n; ++r)
+    if (compute[size_t(r)] > compute[size_t(slowest)]) slowest = r;
+  if (tensorboard_) {
+    tensorboard_->scalar("straggler/slowest_ratio", step, ratio(slowest));
+    tensorboard_->scalar("straggler/slowest_rank", step, double(slowest));
+  }
+  auto ms = [](double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+    return std::string(buf);
+  };
+  for (int r = 0; r < n && n > 1; ++r) {
+    const bool slow = ratio(r) > 1 + threshold_;
+    const auto i = size_t(r);
+    if (!slow) {
+      named_[i] = false;
+      continue;
+    }
+    const double data = all[size_t(3 * r + 1)], wait = all[size_t(3 * r + 2)];
+    const std::string& host = i < hosts_.size() ? hosts_[i] : "?";
+    metrics_.write(JsonLine()
+                       .add("type", "straggler")
+                       .add("step", step)
+                       .add("first_step", first)
+                       .add("rank", r)
+                       .add("host", host)
+                       .add("compute_s", compute[i])
+                       .add("median_compute_s", median)
+                       .add("ratio", ratio(r))
+                       .add("data_wait_s", data)
+                       .add("comm_wait_s", wait)
+                       .add("threshold", threshold_));
+    if (named_[i]) continue;  // one warning while it stays slow
+    named_[i] = true;
+    char x[32];
+    std::snprintf(x, sizeof x, "%.2fx", ratio(r));
+    console_.warn("straggler",
+                  cat("rank ", r, " on ", host, " computes ", ms(compute[i]),
+                      "/step before the gradient reduction, ", x, " the median ", ms(median),
+                      " of ", n, " ranks (steps ", first, "-", step, "; its data wait ", ms(data),
+                      ", comm wait ", ms(wait), "; --straggler-threshold ", threshold_, ")"));
+  }
+}
+
+}  // namespace ringtrain::launch

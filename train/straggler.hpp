@@ -1,0 +1,52 @@
+// StragglerObserver: names a rank that is persistently slower than the others. Each rank sums,
+// over a window of --straggler-window steps, its compute time before it enters the gradient
+// reduction (after the reduction every rank looks equally slow: the fast ones wait), its
+// data wait and its exposed communication; at the window's last step the ranks trade the
+// three sums (one allgather of 3 doubles per rank), and a rank whose compute exceeds the
+// median of the ranks by more than --straggler-threshold is named by rank 0 with its host:
+// one warning line when it becomes a straggler, a `straggler` metrics record per window, and
+// TensorBoard scalars. Every rank keeps its own score (its compute over the median) for the
+// Prometheus file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/step_observers.hpp"
+
+namespace ringtrain::launch {
+
+class StragglerObserver : public StepObserver {
+ public:
+  StragglerObserver(int rank, std::vector<std::string> hosts, double threshold, int64_t window,
+                    Console& console, MetricsWriter& metrics, EventWriter* tensorboard)
+      : rank_(rank),
+        hosts_(std::move(hosts)),
+        threshold_(threshold),
+        window_(window),
+        console_(console),
+        metrics_(metrics),
+        tensorboard_(tensorboard),
+        named_(hosts_.size(), false) {}
+  void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end) override;
+  void exchange(comm::Communicator& comm, int64_t step) override;
+  // This rank's compute over the median of the last window (1: the median; 0: none yet).
+  double score() const { return score_; }
+
+ private:
+  int rank_;
+  std::vector<std::string> hosts_;
+  double threshold_;
+  int64_t window_;
+  Console& console_;
+  MetricsWriter& metrics_;
+  EventWriter* tensorboard_;
+  std::vector<bool> named_;  // rank 0: ranks warned about and still slow
+  Clock::time_point data_end_;
+  int64_t steps_ = 0, first_step_ = 0;
+  double compute_s_ = 0, data_s_ = 0, comm_s_ = 0;  // this window, summed
+  double score_ = 0;
+};
+
+}  // namespace ringtrain::launch
