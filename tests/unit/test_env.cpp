@@ -116,7 +116,7 @@ TEST(EnvTable, ValuesTheDocsRefuseAreInputErrors) {
        [] { env::cuda_gemm(); }},
       {"RINGTRAIN_TEST_STALL", "1:3",
        "RINGTRAIN_TEST_STALL='1:3' is not valid; expected "
-       "RANK:STEP:SECONDS[:gather]",
+       "RANK:STEP:SECONDS[:gather|:reduce]",
        [] { env::test_stall(); }},
   };
   for (const auto& c : cases) {

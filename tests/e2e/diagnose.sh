@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Diagnosing a stuck or slow job (docs/usage.md, "Diagnosing a slow or stuck job"), at 4 ranks:
+#  1. a hang: rank 2 is held inside its gradient reduction before it joins the first bucket's
+#     allreduce (test hook RINGTRAIN_TEST_STALL=2:3:120:reduce); every rank's flight-recorder
+#     dump exists within --stall-timeout + 5 s of the wait's start, and `ringtrain analyze`
+#     names rank 2 and the sequence number the dumps themselves give (read here by python's
+#     json); with one dump removed and one cut in the middle of a line, analyze still names
+#     them and says what is missing;
+#  2. a straggler: a 50 ms delay in rank 1's forward (RINGTRAIN_TEST_SLOW_FORWARD) is named,
+#     with its host, by step 10, in one warning line and a `straggler` record; analyze of the
+#     dumps of --flight-recorder-dump-step names rank 1 as the slowest;
+#  3. the same run without the delay names nobody.
+source "$(dirname "$0")/lib.sh"
+dir=$(workdir diagnose)
+host=$(hostname)
+common=(--data "$DATA/train.h5" --hidden 32 --batch-size 16 --threads 1 --log-every 5)
+
+# --- 1. a hang in the gradient allreduce
+rc=0
+RINGTRAIN_TEST_STALL=2:3:120:reduce mpi 4 -x RINGTRAIN_TEST_STALL "$BIN" train "${common[@]}" \
+  --steps 10 --stall-timeout 3 --debug-dir "$dir/hang" >"$dir/hang.out" 2>"$dir/hang.err" || rc=$?
+cat "$dir/hang.err"
+[[ $rc -eq 2 ]] || fail "hung job: exit code $rc, expected 2"
+contains "flight recorders in $dir/hang" <"$dir/hang.err" || fail "the stall message does not say where the dumps are"
+for r in 0 1 2 3; do
+  [[ -s $dir/hang/flight-rank-0000$r.jsonl ]] || fail "no flight-recorder dump of rank $r"
+done
+# The dumps as an independent reader sees them: the seq the waiting ranks are in, rank 2's
+# last seq, and how long after the start of their wait the waiting ranks dumped.
+read -r seq last2 late < <(/usr/bin/python3 - "$dir/hang" <<'PY'
+import json, sys
+dumps = {}
+for r in range(4):
+    lines = [json.loads(l) for l in open(f"{sys.argv[1]}/flight-rank-{r:05d}.jsonl")]
+    dumps[r] = lines
+waiting = set()
+late = 0.0
+for r in (0, 1, 3):
+    head = dumps[r][0]
+    open_ = [e for e in dumps[r] if e["type"] == "collective" and e["end"] is None]
+    assert len(open_) == 1, f"rank {r}: {len(open_)} open collectives"
+    e = open_[0]
+    assert e["kind"] == "allreduce" and e["step"] == 3 and e["bucket"] == 0, e
+    waiting.add(e["seq"])
+    late = max(late, head["dumped_at"] - e["start"])
+assert len(waiting) == 1, waiting
+last2 = max(e["seq"] for e in dumps[2] if e["type"] == "collective")
+assert all(e["end"] is not None for e in dumps[2] if e["type"] == "collective")
+print(waiting.pop(), last2, f"{late:.1f}")
+PY
+) || fail "the dumps do not show ranks 0, 1, 3 waiting in one allreduce of step 3"
+[[ $last2 -eq $((seq - 1)) ]] || fail "rank 2's last collective is seq $last2, expected $((seq - 1))"
+/usr/bin/python3 -c "import sys; sys.exit(0 if $late <= 3 + 5 else 1)" ||
+  fail "the waiting ranks dumped $late s after their wait began (more than --stall-timeout 3 + 5 s)"
+"$BIN" analyze "$dir/hang" >"$dir/hang.analyze" || fail "analyze exited $?"
+cat "$dir/hang.analyze"
+contains "first divergent collective: seq $seq (allreduce" <"$dir/hang.analyze" || fail "analyze: not seq $seq"
+contains "never entered: rank 2 on $host" <"$dir/hang.analyze" || fail "analyze does not name rank 2"
+contains "entered, never left: ranks 0, 1, 3" <"$dir/hang.analyze" || fail "analyze: the waiting ranks"
+contains "=> the job waits for rank 2 on $host" <"$dir/hang.analyze" || fail "analyze: no verdict"
+contains "rank 0 on $host: step 3, in reduce" <"$dir/hang.analyze" || fail "analyze: rank 0's phase"
+
+# The same dumps as a killed job may leave them: rank 3's missing, rank 1's cut mid-line.
+mkdir "$dir/partial"
+cp "$dir/hang"/flight-rank-0000[012].jsonl "$dir/partial/"
+size=$(stat -c %s "$dir/partial/flight-rank-00001.jsonl")
+truncate -s $((size * 2 / 3)) "$dir/partial/flight-rank-00001.jsonl"
+"$BIN" analyze "$dir/partial" >"$dir/partial.analyze" || fail "analyze of partial dumps exited $?"
+cat "$dir/partial.analyze"
+contains "missing: rank 3 on $host left no dump" <"$dir/partial.analyze" || fail "analyze: rank 3 missing"
+contains "partial: flight-rank-00001.jsonl" <"$dir/partial.analyze" || fail "analyze: rank 1 partial"
+contains "never entered: rank 2 on $host" <"$dir/partial.analyze" || fail "analyze (partial): rank 2"
+rc=0
+"$BIN" analyze "$dir/nothing-here" >/dev/null 2>"$dir/none.err" || rc=$?
+[[ $rc -eq 1 ]] && contains "is not a directory" <"$dir/none.err" || fail "analyze of no directory: exit $rc"
+
+# --- 2. a straggler, and 3. a clean run
+straggle=(--steps 12 --straggler-window 5 --straggler-threshold 1.0)
+RINGTRAIN_TEST_SLOW_FORWARD=1:50 mpi 4 -x RINGTRAIN_TEST_SLOW_FORWARD "$BIN" train "${common[@]}" \
+  "${straggle[@]}" --metrics "$dir/slow.jsonl" --debug-dir "$dir/slow" \
+  --flight-recorder-dump-step 12 >"$dir/slow.out" 2>"$dir/slow.err" || fail "slow job failed"
+cat "$dir/slow.err"
+grep -c "straggler:" "$dir/slow.err" | grep -qx 1 || fail "expected one straggler warning line"
+grep -q "ringtrain: straggler: rank 1 on $host computes .* before the gradient reduction, .*x the median .* of 4 ranks (steps 1-5" \
+  "$dir/slow.err" || fail "the warning does not name rank 1 at the first window"
+/usr/bin/python3 - "$dir/slow.jsonl" <<'PY' || fail "straggler records"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"straggler"' in l]
+assert recs and all(r["rank"] == 1 for r in recs), recs
+assert recs[0]["step"] <= 10, recs[0]
+assert recs[0]["compute_s"] > 0.05 and recs[0]["ratio"] > 2, recs[0]
+PY
+"$BIN" analyze "$dir/slow" >"$dir/slow.analyze" || fail "analyze (slow) exited $?"
+cat "$dir/slow.analyze"
+contains "slowest rank: rank 1 on $host" <"$dir/slow.analyze" || fail "analyze does not name rank 1"
+contains "every rank left every recorded collective" <"$dir/slow.analyze" || fail "analyze: a hang where none is"
+
+mpi 4 "$BIN" train "${common[@]}" "${straggle[@]}" --steps 40 --metrics "$dir/clean.jsonl" \
+  >"$dir/clean.out" 2>"$dir/clean.err" || fail "clean job failed"
+if grep -q straggler "$dir/clean.err" "$dir/clean.jsonl"; then
+  cat "$dir/clean.err"
+  fail "a clean run named a straggler"
+fi
+pass "hang: rank 2 and seq $seq named, dumps $late s after the wait began; straggler rank 1 named; clean run quiet"
