@@ -115,7 +115,10 @@ std::string FlightRecorder::dump(const std::string& reason) {
   out.reserve(200 * (entries.size() + 2));
   char buf[512];
   std::string hosts;
-  for (const auto& h : who_.hosts) hosts += (hosts.empty() ? "" : ",") + json_string(h);
+  for (const auto& h : who_.hosts) {
+    if (!hosts.empty()) hosts += ',';
+    hosts += json_string(h);
+  }
   const std::string host =
       size_t(who_.rank) < who_.hosts.size() ? who_.hosts[size_t(who_.rank)] : "";
   std::snprintf(buf, sizeof buf,

@@ -212,10 +212,11 @@ class Report {
         hi = std::max(hi, e.seq);
         if (!e.end) open = std::min(open, e.seq);
       }
-      first = std::min(first, std::min(open, hi + 1));
+      // A dump cut short says nothing of the collectives after its last line.
+      first = std::min(first, d.complete ? std::min(open, hi + 1) : open);
     }
     if (dumps_.empty() || first == INT64_MAX) return;
-    std::vector<int> left, inside, never, passed;
+    std::vector<int> left, inside, never, passed, cut;
     const Entry* what = nullptr;
     std::map<std::string, std::vector<int>> kinds;
     for (const Dump& d : dumps_) {
@@ -229,6 +230,8 @@ class Report {
         kinds[cat(e->kind, " of ", e->count, " ", e->dtype)].push_back(d.rank);
       } else if (lo != INT64_MAX && first < lo) {
         passed.push_back(d.rank);
+      } else if (!d.complete) {
+        cut.push_back(d.rank);
       } else {
         never.push_back(d.rank);
       }
@@ -261,6 +264,7 @@ class Report {
     for (int r = 0; r < world_; ++r)
       if (!has_dump(r)) missing.push_back(r);
     for (int r : missing) line(cat("  unknown: ", who(r), " (no dump)"));
+    for (int r : cut) line(cat("  unknown: ", who(r), " (its dump is cut before seq ", first, ")"));
     if (!inside.empty()) {
       std::string waits;
       for (int r : inside) {
@@ -269,23 +273,30 @@ class Report {
         waits += cat(waits.empty() ? "" : ", ", fmt("%.1f s", d.dumped_at - e->start));
       }
       line(cat("  entered, never left: ", ranks_str(inside), " (inside it for ", waits,
-               " when they dumped)"));
+               " when dumped)"));
     }
     if (!left.empty()) line(cat("  entered and left: ", ranks_str(left)));
     if (!passed.empty()) line(cat("  past it (no longer in the ring): ", ranks_str(passed)));
-    std::vector<int> culprits = never;
-    culprits.insert(culprits.end(), missing.begin(), missing.end());
-    std::sort(culprits.begin(), culprits.end());
-    if (!culprits.empty() && !inside.empty()) {
-      std::string names;
-      for (int r : culprits) names += (names.empty() ? "" : "; ") + who(r);
-      line(cat("=> the job waits for ", names, ": ", ranks_str(inside),
-               culprits.size() == 1 ? " wait in seq " : " wait in seq ", first, " for ",
-               culprits.size() == 1 ? "it" : "them"));
-    } else if (never.empty() && missing.empty() && !inside.empty()) {
+    std::vector<int> unknown = missing;
+    unknown.insert(unknown.end(), cut.begin(), cut.end());
+    std::sort(unknown.begin(), unknown.end());
+    auto names = [&](const std::vector<int>& ranks) {
+      std::string out;
+      for (int r : ranks) out += (out.empty() ? "" : "; ") + who(r);
+      return out;
+    };
+    if (inside.empty()) return;
+    const std::string waiting = cat(ranks_str(inside), inside.size() == 1 ? " waits" : " wait");
+    if (!never.empty()) {
+      line(cat("=> the job waits for ", names(never), ": ", waiting, " in seq ", first, " for ",
+               never.size() == 1 ? "it" : "them"));
+    } else if (!unknown.empty()) {
+      line(cat(
+          "=> no rank whose dump covers seq ", first, " stayed out of it; ", waiting,
+          " in it, and the ranks the dumps do not show are the likely cause: ", names(unknown)));
+    } else if (left.empty()) {
       line(cat("=> every rank entered seq ", first,
-               " and none left it: a network, transport or MPI problem, "
-               "not a rank"));
+               " and none left it: a network, transport or MPI problem, not a rank"));
     }
   }
 
@@ -327,6 +338,7 @@ class Report {
           if (e.collective && (!last || e.seq > last->seq)) last = &e;
         if (last) s += cat(", no collective open (last: seq ", last->seq, " ", last->kind, ")");
       }
+      if (!d.complete) s += " [its dump is cut short: later entries are lost]";
       line(s);
     }
   }

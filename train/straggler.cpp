@@ -7,39 +7,54 @@
 #include "core/error.hpp"
 
 namespace ringtrain::launch {
+namespace {
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace
 
 void StragglerObserver::after(Phase phase, int64_t step, Clock::time_point begin,
                               Clock::time_point end) {
+  // The run's first step carries one-time costs (first touch of every buffer) on every rank.
+  if (!warm_) return;
   if (phase == Phase::data) {
     if (steps_ == 0) first_step_ = step;
     data_s_ += std::chrono::duration<double>(end - begin).count();
     data_end_ = end;
   } else if (phase == Phase::reduce) {
     // From the batch in hand to entering the wait for the gradients: forward and backward.
-    compute_s_ += std::chrono::duration<double>(begin - data_end_).count();
+    compute_.push_back(std::chrono::duration<double>(begin - data_end_).count());
     comm_s_ += std::chrono::duration<double>(end - begin).count();
     ++steps_;
   }
 }
 
 void StragglerObserver::exchange(comm::Communicator& comm, int64_t step) {
-  if (window_ <= 0 || step % window_ != 0) return;
+  const bool first_of_run = !warm_;
+  warm_ = true;
+  if (window_ <= 0 || step % window_ != 0 || (first_of_run && window_ > 1)) return;
   const int n = comm.size();
   const double steps = double(std::max<int64_t>(steps_, 1));
-  const double mine[3] = {compute_s_ / steps, data_s_ / steps, comm_s_ / steps};
+  // The median step's compute: a step or two where the rank lost its core to another
+  // process (an oversubscribed or noisy node) does not make it a straggler; a rank slow in
+  // most steps is one.
+  const double mine[3] = {median_of(compute_), data_s_ / steps, comm_s_ / steps};
   std::vector<double> all(size_t(3 * n));
   comm.allgather(mine, all.data(), 3, DType::f64);
   std::vector<double> compute(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) compute[size_t(r)] = all[size_t(3 * r)];
-  std::vector<double> sorted = compute;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t m = sorted.size() / 2;
-  const double median = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
+  const double median = median_of(compute);
   auto ratio = [&](int r) { return median > 0 ? compute[size_t(r)] / median : 1.0; };
   score_ = ratio(rank_);
   const int64_t first = first_step_;
   steps_ = 0;
-  compute_s_ = data_s_ = comm_s_ = 0;
+  compute_.clear();
+  data_s_ = comm_s_ = 0;
   if (rank_ != 0) return;
   int slowest = 0;
   for (int r = 1; r < n; ++r)

@@ -1,12 +1,12 @@
-// StragglerObserver: names a rank that is persistently slower than the others. Each rank sums,
-// over a window of --straggler-window steps, its compute time before it enters the gradient
-// reduction (after the reduction every rank looks equally slow: the fast ones wait), its
-// data wait and its exposed communication; at the window's last step the ranks trade the
-// three sums (one allgather of 3 doubles per rank), and a rank whose compute exceeds the
-// median of the ranks by more than --straggler-threshold is named by rank 0 with its host:
-// one warning line when it becomes a straggler, a `straggler` metrics record per window, and
-// TensorBoard scalars. Every rank keeps its own score (its compute over the median) for the
-// Prometheus file.
+// StragglerObserver: names a rank that is persistently slower than the others. Over a window
+// of --straggler-window steps (the run's first step left out) each rank keeps its compute time
+// before it enters the gradient reduction (after the reduction every rank looks equally slow:
+// the fast ones wait) in every step, and sums its data wait and exposed communication; at the
+// window's last step the ranks trade the median step's compute and the two means (one
+// allgather of 3 doubles per rank), and a rank whose compute exceeds the median of the ranks
+// by more than --straggler-threshold is named by rank 0 with its host: one warning line when
+// it becomes a straggler, a `straggler` metrics record per window, and TensorBoard scalars.
+// Every rank keeps its own score (its compute over the median) for the Prometheus file.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +45,10 @@ class StragglerObserver : public StepObserver {
   std::vector<bool> named_;  // rank 0: ranks warned about and still slow
   Clock::time_point data_end_;
   int64_t steps_ = 0, first_step_ = 0;
-  double compute_s_ = 0, data_s_ = 0, comm_s_ = 0;  // this window, summed
+  std::vector<double> compute_;     // this window: each step's compute
+  double data_s_ = 0, comm_s_ = 0;  // this window, summed
   double score_ = 0;
+  bool warm_ = false;  // past the run's first step, which is not counted
 };
 
 }  // namespace ringtrain::launch

@@ -75,14 +75,14 @@ rc=0
 [[ $rc -eq 1 ]] && contains "is not a directory" <"$dir/none.err" || fail "analyze of no directory: exit $rc"
 
 # --- 2. a straggler, and 3. a clean run
-straggle=(--steps 12 --straggler-window 5 --straggler-threshold 1.0)
+straggle=(--straggler-window 5 --straggler-threshold 1.0)
 RINGTRAIN_TEST_SLOW_FORWARD=1:50 mpi 4 -x RINGTRAIN_TEST_SLOW_FORWARD "$BIN" train "${common[@]}" \
-  "${straggle[@]}" --metrics "$dir/slow.jsonl" --debug-dir "$dir/slow" \
+  "${straggle[@]}" --steps 12 --metrics "$dir/slow.jsonl" --debug-dir "$dir/slow" \
   --flight-recorder-dump-step 12 >"$dir/slow.out" 2>"$dir/slow.err" || fail "slow job failed"
 cat "$dir/slow.err"
 grep -c "straggler:" "$dir/slow.err" | grep -qx 1 || fail "expected one straggler warning line"
-grep -q "ringtrain: straggler: rank 1 on $host computes .* before the gradient reduction, .*x the median .* of 4 ranks (steps 1-5" \
-  "$dir/slow.err" || fail "the warning does not name rank 1 at the first window"
+grep -qE "ringtrain: straggler: rank 1 on $host computes .* before the gradient reduction, .*x the median .* of 4 ranks \(steps (2-5|6-10);" \
+  "$dir/slow.err" || fail "the warning does not name rank 1 by step 10"
 /usr/bin/python3 - "$dir/slow.jsonl" <<'PY' || fail "straggler records"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"straggler"' in l]
@@ -97,7 +97,7 @@ contains "every rank left every recorded collective" <"$dir/slow.analyze" || fai
 
 mpi 4 "$BIN" train "${common[@]}" "${straggle[@]}" --steps 40 --metrics "$dir/clean.jsonl" \
   >"$dir/clean.out" 2>"$dir/clean.err" || fail "clean job failed"
-if grep -q straggler "$dir/clean.err" "$dir/clean.jsonl"; then
+if grep -q "straggler:" "$dir/clean.err" || grep -qF "\"type\":\"straggler\"" "$dir/clean.jsonl"; then
   cat "$dir/clean.err"
   fail "a clean run named a straggler"
 fi

@@ -96,7 +96,7 @@ TEST(FlightRecorder, RecordsEveryCollectiveWithTheSameSequenceOnEveryRank) {
     ASSERT_TRUE(e["end"].is_number()) << "entry " << i;
     EXPECT_GE(e["end"].get<double>(), e["start"].get<double>()) << "entry " << i;
   }
-  EXPECT_EQ(lines[1]["dtype"], "f32");
+  EXPECT_EQ(lines[1]["dtype"], "fp32");
   EXPECT_EQ(lines[3]["dtype"], "bf16");
   EXPECT_EQ(lines[5]["type"], "phase");
   EXPECT_EQ(lines[5]["name"], "reduce");
