@@ -12,9 +12,9 @@ if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import prometheus_cli
   "$venv/bin/pip" install -q prometheus_client || fail "pip install prometheus_client"
 fi
 mkdir "$dir/textfile"
-E2E_JOB=$(job_tag) mpi 2 "$BIN" train --data "$DATA/train.h5" --hidden 64 --batch-size 32 \
-  --threads 1 --steps 300 --log-every 1 --metrics "$dir/m.jsonl" --checkpoint-dir "$dir/ckpt" \
-  --checkpoint-every 100 --prometheus-file "$dir/textfile/ringtrain-{rank}.prom" \
+E2E_JOB=$(job_tag) mpi 2 "$BIN" train --data "$DATA/train.h5" --hidden 256 --batch-size 32 \
+  --threads 1 --steps 600 --log-every 1 --metrics "$dir/m.jsonl" --checkpoint-dir "$dir/ckpt" \
+  --checkpoint-every 200 --prometheus-file "$dir/textfile/ringtrain-{rank}.prom" \
   --prometheus-every 0.2 >"$dir/out" 2>"$dir/err" &
 job=$!
 # While it trains: the step each time the file is read (it is replaced whole, never partial).
@@ -51,7 +51,7 @@ for rank in (0, 1):
         for s in f.samples:
             assert s.labels["job"] == "local" and s.labels["rank"] == str(rank) and s.labels["host"] == host, s
     v = lambda name: fams[name].samples[0].value
-    assert v("ringtrain_step") == 300, v("ringtrain_step")
+    assert v("ringtrain_step") == 600, v("ringtrain_step")
     assert abs(v("ringtrain_loss") - last["loss"]) <= 1e-6 * abs(last["loss"]), (v("ringtrain_loss"), last)
     assert v("ringtrain_loss_scale") == last["loss_scale"]
     assert v("ringtrain_steps_per_second") > 0 and v("ringtrain_samples_per_second") > 0
@@ -59,8 +59,8 @@ for rank in (0, 1):
     assert 0 <= v("ringtrain_checkpoint_age_seconds") < 60
     assert v("ringtrain_straggler_score") > 0
     mem = {s.labels["category"]: s.value for s in fams["ringtrain_memory_bytes"].samples}
-    # mlp 784-64-10 in fp32: 50890 parameters, fp32 masters
-    assert mem["masters"] == 50890 * 4, mem
+    # mlp 784-256-10 in fp32: 203530 parameters, fp32 masters
+    assert mem["masters"] == 203530 * 4, mem
 print("prometheus files parsed: 2 ranks, every family, labels and values checked")
 PY
 
