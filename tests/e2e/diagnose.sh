@@ -9,7 +9,8 @@
 #  2. a straggler: a 50 ms delay in rank 1's forward (RINGTRAIN_TEST_SLOW_FORWARD) is named,
 #     with its host, by step 10, in one warning line and a `straggler` record; analyze of the
 #     dumps of --flight-recorder-dump-step names rank 1 as the slowest;
-#  3. the same run without the delay names nobody.
+#  3. the same run without the delay names nobody;
+# and SIGUSR2 (to mpirun, which forwards it) makes every rank dump while training goes on.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir diagnose)
 host=$(hostname)
@@ -73,6 +74,48 @@ contains "never entered: rank 2 on $host" <"$dir/partial.analyze" || fail "analy
 rc=0
 "$BIN" analyze "$dir/nothing-here" >/dev/null 2>"$dir/none.err" || rc=$?
 [[ $rc -eq 1 ]] && contains "is not a directory" <"$dir/none.err" || fail "analyze of no directory: exit $rc"
+
+# --- SIGUSR2 to mpirun, which forwards it: every rank dumps and training goes on (then
+# SIGTERM stops the run at a step boundary with a checkpoint, exit 75).
+tag=$(job_tag)
+E2E_JOB=$tag mpi 2 "$BIN" train --data "$DATA/train.h5" --hidden 256 --batch-size 16 \
+  --threads 1 --steps 100000 --log-every 10 --metrics "$dir/usr2.jsonl" --checkpoint-dir "$dir/usr2-ckpt" \
+  --debug-dir "$dir/usr2" >"$dir/usr2.out" 2>"$dir/usr2.err" &
+job=$!
+for _ in $(seq 100); do grep -qs '"type":"step"' "$dir/usr2.jsonl" && break; sleep 0.2; done
+grep -qs '"type":"step"' "$dir/usr2.jsonl" || fail "the SIGUSR2 job did not start training"
+# mpirun of this job (by its tag, lib.sh), which forwards SIGUSR2 to every rank.
+mpirun_pid=""
+for p in $(job_pids "$tag"); do
+  [[ $(cat "/proc/$p/comm" 2>/dev/null) == @(mpirun|orterun) ]] && mpirun_pid=$p
+done
+[[ -n $mpirun_pid ]] || fail "no mpirun of the SIGUSR2 job found"
+kill -USR2 "$mpirun_pid"
+for _ in $(seq 50); do
+  [[ -s $dir/usr2/flight-rank-00000.jsonl && -s $dir/usr2/flight-rank-00001.jsonl ]] && break
+  sleep 0.2
+done
+steps_at_dump=$(grep -c '"type":"step"' "$dir/usr2.jsonl")
+for _ in $(seq 100); do
+  (( $(grep -c '"type":"step"' "$dir/usr2.jsonl") > steps_at_dump + 1 )) && break
+  sleep 0.2
+done
+rank0=$(job_pids "$tag" OMPI_COMM_WORLD_RANK=0)
+[[ -n $rank0 ]] || fail "no rank 0 of the SIGUSR2 job found"
+kill -TERM "$rank0"
+rc=0
+wait "$job" || rc=$?
+cat "$dir/usr2.err"
+[[ $rc -eq 75 ]] || fail "the SIGUSR2 job: exit $rc, expected 75 after SIGTERM"
+for r in 0 1; do
+  f=$dir/usr2/flight-rank-0000$r.jsonl
+  [[ -s $f ]] || fail "no SIGUSR2 dump of rank $r"
+  head -1 "$f" | contains '"reason":"SIGUSR2"' || fail "rank $r's dump: $(head -1 "$f")"
+  contains "ringtrain: rank $r wrote its flight recorder to $f (SIGUSR2)" <"$dir/usr2.err" ||
+    fail "rank $r did not say it dumped"
+done
+(( $(grep -c '"type":"step"' "$dir/usr2.jsonl") > steps_at_dump + 1 )) ||
+  fail "training did not go on after the SIGUSR2 dump"
 
 # --- 2. a straggler, and 3. a clean run
 straggle=(--straggler-window 5 --straggler-threshold 1.0)
