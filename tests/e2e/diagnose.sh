@@ -73,7 +73,14 @@ contains "partial: flight-rank-00001.jsonl" <"$dir/partial.analyze" || fail "ana
 contains "never entered: rank 2 on $host" <"$dir/partial.analyze" || fail "analyze (partial): rank 2"
 rc=0
 "$BIN" analyze "$dir/nothing-here" >/dev/null 2>"$dir/none.err" || rc=$?
-[[ $rc -eq 1 ]] && contains "is not a directory" <"$dir/none.err" || fail "analyze of no directory: exit $rc"
+[[ $rc -eq 1 ]] || fail "analyze of no directory: exit $rc, expected 1"
+contains "is not a directory" <"$dir/none.err" || fail "analyze of no directory: $(cat "$dir/none.err")"
+mkdir "$dir/empty"
+rc=0
+"$BIN" analyze "$dir/empty" >/dev/null 2>"$dir/empty.err" || rc=$?
+[[ $rc -eq 1 ]] || fail "analyze of a directory without dumps: exit $rc, expected 1"
+contains "no flight-recorder dump (flight-rank-\*.jsonl) in '$dir/empty'" <"$dir/empty.err" ||
+  fail "analyze of a directory without dumps: $(cat "$dir/empty.err")"
 
 # --- SIGUSR2 to mpirun, which forwards it: every rank dumps and training goes on (then
 # SIGTERM stops the run at a step boundary with a checkpoint, exit 75).
@@ -116,6 +123,21 @@ for r in 0 1; do
 done
 (( $(grep -c '"type":"step"' "$dir/usr2.jsonl") > steps_at_dump + 1 )) ||
   fail "training did not go on after the SIGUSR2 dump"
+
+# --- the options' values: exit 1 with one message naming the option and the value
+check_option() {
+  local want=$1 rc=0
+  shift
+  mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 2 "$@" >/dev/null 2>"$dir/opt.err" || rc=$?
+  [[ $rc -eq 1 ]] || fail "'$*': exit $rc, expected 1"
+  [[ $(grep -c '^ringtrain: error:' "$dir/opt.err") -eq 1 ]] || fail "'$*': $(cat "$dir/opt.err")"
+  contains "$want" <"$dir/opt.err" || fail "'$*': $(cat "$dir/opt.err")"
+}
+check_option "--flight-recorder -1 is not valid; expected 0 (off) to 16777216 entries" --flight-recorder -1
+check_option "--straggler-threshold 0 is not valid: must be > 0" --straggler-threshold 0
+check_option "--straggler-window -5 is not valid: must be >= 0" --straggler-window=-5
+check_option "--flight-recorder-dump-step needs --debug-dir or --checkpoint-dir" --flight-recorder-dump-step 1
+check_option "--prometheus-every 0 is not valid: must be > 0" --prometheus-every 0
 
 # --- 2. a straggler, and 3. a clean run
 straggle=(--straggler-window 5 --straggler-threshold 1.0)

@@ -3,7 +3,7 @@
 # trains (read here several times during the run: its step grows), and read at the end by
 # the real parser, prometheus_client's text parser (PyPI, in a venv this test makes): every
 # family, the labels job/rank/host, and values that agree with the metrics file. A directory
-# that does not exist is an input error naming the option.
+# that does not exist (rank 1's only) is an input error naming the option and the directory.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir prometheus)
 venv=$E2E_DIR/prometheus-venv
@@ -64,10 +64,14 @@ for rank in (0, 1):
 print("prometheus files parsed: 2 ranks, every family, labels and values checked")
 PY
 
+# The directory of rank 1's file only is missing: the input error is on rank 1, one rank
+# prints it, every rank exits 1.
+mkdir -p "$dir/per-rank/0"
 rc=0
-mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 2 --prometheus-file "$dir/nowhere/x.prom" \
-  >/dev/null 2>"$dir/bad.err" || rc=$?
+mpi 2 "$BIN" train --data "$DATA/train.h5" --steps 2 --threads 1 \
+  --prometheus-file "$dir/per-rank/{rank}/x.prom" >/dev/null 2>"$dir/bad.err" || rc=$?
 [[ $rc -eq 1 ]] || fail "a missing directory: exit $rc, expected 1"
-contains "--prometheus-file '$dir/nowhere/x.prom': the directory '$dir/nowhere' does not exist" \
+[[ $(grep -c '^ringtrain: error:' "$dir/bad.err") -eq 1 ]] || fail "not one message: $(cat "$dir/bad.err")"
+contains "--prometheus-file '$dir/per-rank/{rank}/x.prom': the directory '$dir/per-rank/1' does not exist" \
   <"$dir/bad.err" || fail "the message: $(cat "$dir/bad.err")"
 pass "Prometheus textfiles updated during the run and parsed by prometheus_client"
