@@ -191,9 +191,14 @@ void FlightRecorder::dump_on_readable(int fd) {
       char drain[64];
       if (read(fd, drain, sizeof drain) <= 0) continue;
       const std::string path = dump("SIGUSR2");
-      if (!path.empty()) {
-        const std::string line = "ringtrain: rank " + std::to_string(who_.rank) +
-                                 " wrote its flight recorder to " + path + " (SIGUSR2)\n";
+      const std::string rank = "ringtrain: rank " + std::to_string(who_.rank);
+      const std::string line =
+          !path.empty()  ? rank + " wrote its flight recorder to " + path + " (SIGUSR2)\n"
+          : dir_.empty() ? rank +
+                               " got SIGUSR2 but has no --debug-dir or --checkpoint-dir "
+                               "to write its flight recorder into\n"
+                         : std::string();  // the write error was reported
+      if (!line.empty()) {
         [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
       }
     }
