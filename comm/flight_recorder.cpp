@@ -210,12 +210,4 @@ FlightBucket::~FlightBucket() { t_bucket = saved_; }
 
 void set_flight_thread_name(const char* name) { t_thread = name; }
 
-FlightPhase::FlightPhase(const char* name) : rec_(FlightRecorder::instance()) {
-  if (rec_) id_ = rec_->begin(name, nullptr, -1, 0, DType::f32);
-}
-
-FlightPhase::~FlightPhase() {
-  if (rec_) rec_->end(id_);
-}
-
 }  // namespace ringtrain::comm

@@ -91,17 +91,4 @@ class FlightBucket {
 };
 void set_flight_thread_name(const char* name);  // a string literal
 
-// A phase of the recording, begun and ended by scope (no-op without a recorder).
-class FlightPhase {
- public:
-  explicit FlightPhase(const char* name);
-  ~FlightPhase();
-  FlightPhase(const FlightPhase&) = delete;
-  FlightPhase& operator=(const FlightPhase&) = delete;
-
- private:
-  FlightRecorder* rec_;
-  uint64_t id_ = 0;
-};
-
 }  // namespace ringtrain::comm
