@@ -25,6 +25,7 @@ static Tensor micro_rows(const Tensor& t, int64_t micro, int64_t b) {
 kernels::XentResult Trainer::forward_backward_all(const io::Batch& batch, float scale,
                                                   int64_t step) {
   kernels::XentResult xent;
+  micro_exposed_comm_s_ = 0;
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     const auto r = forward_backward(batch, micro, scale, step);
     xent.loss_sum += r.loss_sum;
@@ -55,13 +56,16 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
   auto xent = loss_and_gradient(logits, yb, scale, dlogits);
   observers_.after(Phase::forward, step, t0, Clock::now());
-  if (!last) {  // no communication before the last micro-batch (DDP's no_sync)
+  const bool each = strategy_->reduces_every_micro_batch();  // into sharded fp32 sums
+  if (!last && !each) {  // no communication before the last micro-batch (DDP's no_sync)
     model_->backward(ctx, dlogits, node_hooks_);
     accumulate_micro_grads(micro);
     return xent;
   }
-  reducer_->start_step(step);
+  reducer_->start_step(step, each && micro > 0);
   model_->backward(ctx, dlogits, reduce_hooks_);  // buckets allreduced as they fill
+  // A micro-batch before the last: its reduction done before the next one's backward.
+  if (!last) micro_exposed_comm_s_ += reducer_->finish();
   return xent;
 }
 
@@ -89,7 +93,7 @@ void Trainer::accumulate_micro_grads(int64_t micro) {
 }
 
 void Trainer::add_accumulated(size_t param) {
-  if (grad_accum_ == 1) return;
+  if (acc32_.data == nullptr) return;  // one micro-batch, or each one reduced
   const Param& p = model_->params()[param];
   // Summed in fp32, rounded once to the compute dtype for the allreduce.
   backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
@@ -154,7 +158,8 @@ StepRecord Trainer::step_once() {
   const float scale = scaler_->scale();
   const kernels::XentResult xent = forward_backward_all(batch, scale, step);
   const auto t_backward = Clock::now();
-  r.exposed_comm_s = reducer_->finish();  // what of the reduction backward did not hide
+  // What of the reduction backward did not hide.
+  r.exposed_comm_s = micro_exposed_comm_s_ + reducer_->finish();
   const auto t_reduced = Clock::now();
   observers_.after(Phase::reduce, step, t_backward, t_reduced);
   const UnscaledGrads mine = unscale_and_check(scale);
