@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # ZeRO-2 (--zero 2) end to end, checkpoints read back by h5py: --zero 0|1|2 x fp32/bf16 on 2
 # and 3 ranks with --grad-accum 2 and --grad-clip on the MLP, the masters and optimizer state
-# after 12 steps against --zero 0 (fp32 within 1e-6; bf16 within 2e-2, what bf16 sums added in
-# another order leave); --zero 2 bitwise equal to --zero 1 where both reduce the same buckets
+# after 12 steps against --zero 0 (fp32 within 1e-6; bf16 the masters within 5e-2: bf16 sums
+# taken in another order, which AdamW's moments amplify where gradients are near zero, leave
+# up to 3e-2, while a run that dropped a micro-batch is 0.4 off); --zero 2 bitwise equal to
+# --zero 1 where both reduce the same buckets
 # (one micro-batch); the memory line with the reduce-scatter at half the ring allreduce's
 # bytes; gpt-tiny (tied head) on 2 ranks within 1e-6 of --zero 0; the restart 2 ranks
 # --zero 2 -> 1 rank --zero 0 -> 3 ranks --zero 2 within 1e-6 of the uninterrupted run; and
@@ -21,15 +23,20 @@ out=$(mpi 2 "$BIN" train "${args[@]}" --steps 1 --zero 4 2>&1) || rc=$?
   fail "--zero 4: not one message: $out"
 pass "--zero 4 refused on 2 ranks with one message, exit 1"
 
-# cmp A.h5 B.h5 TOL: every /params and /optimizer dataset of B within TOL (relative L2) of A's;
-# prints "bitwise" when all are equal, else the largest relative difference.
+# cmp A.h5 B.h5 TOL [GROUPS [-TEXT|+TEXT]]: every dataset of B under /params and /optimizer
+# (or the space-separated GROUPS) within TOL (relative L2) of A's; -TEXT: but those whose
+# name contains TEXT, +TEXT: only those; prints "bitwise" when all are equal, else the
+# largest relative difference.
 cmp() {
   $PY - "$@" <<'PYEOF'
 import sys, h5py, numpy as np
 a, b, tol = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r"), float(sys.argv[3])
+groups = sys.argv[4].split() if len(sys.argv) > 4 else ["params", "optimizer"]
+sel = sys.argv[5] if len(sys.argv) > 5 else ""
+keep = lambda n: not sel or (sel[1:] in n) == (sel[0] == "+")
 names = []
-a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) and n.split("/")[0] in ("params", "optimizer") else None)
-assert len(names) >= 12, names
+a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) and n.split("/")[0] in groups and keep(n) else None)
+assert len(names) >= (2 if sel.startswith("+") else 6 * len(groups)), names
 worst, same = 0.0, True
 for n in names:
     x, y = a[n][()].astype(np.float64), b[n][()].astype(np.float64)
@@ -47,8 +54,8 @@ PYEOF
 
 # The matrix: 12 steps, 2 micro-batches per step, clipping.
 for prec in fp32 bf16; do
-  tol=1e-6
-  [[ $prec == bf16 ]] && tol=2e-2
+  tol=1e-6 groups="params optimizer"
+  [[ $prec == bf16 ]] && tol=5e-2 groups=params
   for n in 2 3; do
     for z in 0 1 2; do
       d=$dir/m-$prec-$n-$z
@@ -56,9 +63,9 @@ for prec in fp32 bf16; do
         --checkpoint-dir "$d" >"$d.out" 2>&1 || fail "$prec $n ranks --zero $z failed: $(cat "$d.out")"
     done
     for z in 1 2; do
-      r=$(cmp "$dir/m-$prec-$n-0/ckpt-000000012.h5" "$dir/m-$prec-$n-$z/ckpt-000000012.h5" "$tol") ||
+      r=$(cmp "$dir/m-$prec-$n-0/ckpt-000000012.h5" "$dir/m-$prec-$n-$z/ckpt-000000012.h5" "$tol" "$groups") ||
         fail "$prec $n ranks --grad-accum 2: --zero $z differs from --zero 0: $r"
-      pass "$prec $n ranks --grad-accum 2 --grad-clip 1: --zero $z against --zero 0: $r"
+      pass "$prec $n ranks --grad-accum 2 --grad-clip 1: --zero $z against --zero 0 ($groups): $r"
     done
   done
 done
@@ -84,7 +91,11 @@ ar=$(sed 's/.*allreduce \([0-9]*\) B.*/\1/' <<<"$line")
 (( rs > 0 && (2 * rs - ar) * (2 * rs - ar) <= 4 )) || fail "reduce-scatter $rs B is not half the allreduce's $ar B: $line"
 pass "memory line: $line"
 
-# gpt-tiny, whose head shares embed.wte: 2 ranks, --grad-accum 2, clipping.
+# gpt-tiny, whose head shares embed.wte: 2 ranks, clipping; bitwise --zero 0 with one
+# micro-batch. With --grad-accum 2 within 1e-6 but the attention's qkv biases: the key part
+# of that bias has a zero gradient in exact arithmetic (softmax ignores a constant added to
+# every score), so what it gets is rounding noise, which AdamW turns into steps of size lr
+# whatever the summation order (1.4e-4 relative measured); they are held to 1e-3.
 (
   cd "$dir"
   $PY - <<'EOF'
@@ -99,15 +110,20 @@ EOF
   "$BIN" convert text --input 'corpus/*.py' --out tok.h5 >/dev/null
 ) || fail "convert text failed"
 gpt=(--model gpt-tiny --set layers=2 --set heads=2 --set width=32 --set context=16 --data "$dir/tok.h5"
-  --threads 1 --prefetch 0 --optimizer adamw --lr 3e-3 --global-batch-size 8 --grad-accum 2
-  --grad-clip 1 --bucket-mb 0.01 --steps 8 --log-every 100)
-for z in 0 2; do
-  mpi 2 "$BIN" train "${gpt[@]}" --zero "$z" --checkpoint-dir "$dir/gpt-$z" >"$dir/gpt-$z.out" 2>&1 ||
-    fail "gpt-tiny --zero $z failed: $(cat "$dir/gpt-$z.out")"
+  --threads 1 --prefetch 0 --optimizer adamw --lr 3e-3 --global-batch-size 8 --grad-clip 1
+  --bucket-mb 0.01 --steps 8 --log-every 100)
+for k in 1 2; do
+  for z in 0 2; do
+    mpi 2 "$BIN" train "${gpt[@]}" --grad-accum "$k" --zero "$z" --checkpoint-dir "$dir/gpt-$k-$z"       >"$dir/gpt-$k-$z.out" 2>&1 || fail "gpt-tiny --grad-accum $k --zero $z failed: $(cat "$dir/gpt-$k-$z.out")"
+  done
 done
-r=$(cmp "$dir/gpt-0/ckpt-000000008.h5" "$dir/gpt-2/ckpt-000000008.h5" 1e-6) ||
-  fail "gpt-tiny --zero 2 differs from --zero 0: $r"
-pass "gpt-tiny 2 ranks --grad-accum 2 --grad-clip 1: --zero 2 against --zero 0: $r"
+g0=$dir/gpt-1-0/ckpt-000000008.h5 g2=$dir/gpt-1-2/ckpt-000000008.h5
+r=$(cmp "$g0" "$g2" 0) && [[ $r == bitwise ]] || fail "gpt-tiny --zero 2 is not bitwise --zero 0: $r"
+pass "gpt-tiny 2 ranks --grad-clip 1: --zero 2 bitwise equal to --zero 0"
+g0=$dir/gpt-2-0/ckpt-000000008.h5 g2=$dir/gpt-2-2/ckpt-000000008.h5
+r=$(cmp "$g0" "$g2" 1e-6 "params optimizer" -qkv.bias) || fail "gpt-tiny --grad-accum 2: $r"
+r2=$(cmp "$g0" "$g2" 1e-3 params +qkv.bias) || fail "gpt-tiny --grad-accum 2 qkv biases: $r2"
+pass "gpt-tiny 2 ranks --grad-accum 2 --grad-clip 1: --zero 2 against --zero 0: $r (qkv biases $r2)"
 
 # Restart across stages and rank counts, against one uninterrupted run.
 mpi 2 "$BIN" train "${args[@]}" --steps 30 --checkpoint-dir "$dir/ref" >"$dir/ref.out" 2>&1 ||
