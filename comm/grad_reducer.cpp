@@ -133,12 +133,15 @@ Tensor GradReducer::bucket_grad(size_t b) {
   return Tensor(bucket_buf_[b].data(), {k.count}, grad_.dtype, grad_.device);
 }
 
-int64_t GradReducer::bucket_buffer_bytes() const {
+int64_t GradReducer::bucket_bytes_bound() const {
   const int64_t es = int64_t(dtype_size(grad_.dtype)) +
                      (cfg_.wire == grad_.dtype ? 0 : int64_t(dtype_size(cfg_.wire)));
-  int64_t most = 0;
-  for (const auto& k : buckets_) most = std::max(most, k.count);
-  return most * es;
+  std::vector<int64_t> counts;
+  for (const auto& k : buckets_) counts.push_back(k.count);
+  std::sort(counts.rbegin(), counts.rend());
+  int64_t bound = 0;
+  for (size_t i = 0; i < counts.size() && i < size_t(max_in_flight()); ++i) bound += counts[i];
+  return bound * es;
 }
 
 void GradReducer::keep_piece_and_free(size_t b, const Tensor& wire_bucket) {

@@ -85,9 +85,10 @@ class GradReducer {
   bool transient() const { return cfg_.transient_buckets; }
   static constexpr int kMaxInFlight = 3;
   int max_in_flight() const { return cfg_.overlap ? kMaxInFlight : 1; }
-  // The largest bucket's bytes (compute dtype plus wire dtype where they differ), and the
-  // most bytes of bucket buffers that existed at once since construction.
-  int64_t bucket_buffer_bytes() const;
+  // The most bytes of bucket buffers that can exist at once: the max_in_flight() largest
+  // buckets (compute dtype plus wire dtype where they differ); and the most that did since
+  // construction.
+  int64_t bucket_bytes_bound() const;
   int64_t peak_bucket_bytes() const { return peak_bytes_; }
   // Backward wrote parameter i's gradient (call in any order, each once per step).
   void mark_ready(size_t param);

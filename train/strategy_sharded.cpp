@@ -114,7 +114,7 @@ class Sharded final : public ParallelStrategy {
       m.grads = gradient_bytes();
     } else {  // the fp32 shard, and at most max_in_flight() buckets at a time
       m.grads = int64_t(grad32_storage_.bytes());
-      m.grad_buckets = int64_t(reducer_->max_in_flight()) * reducer_->bucket_buffer_bytes();
+      m.grad_buckets = reducer_->bucket_bytes_bound();
     }
     return m;
   }
