@@ -4,11 +4,11 @@
 # after 12 steps against --zero 0 (fp32 within 1e-6; bf16 the masters within 5e-2: bf16 sums
 # taken in another order, which AdamW's moments amplify where gradients are near zero, leave
 # up to 3e-2, while a run that dropped a micro-batch is 0.4 off); --zero 2 bitwise equal to
-# --zero 1 where both reduce the same buckets
-# (one micro-batch); the memory line with the reduce-scatter at half the ring allreduce's
-# bytes; gpt-tiny (tied head) on 2 ranks within 1e-6 of --zero 0; the restart 2 ranks
-# --zero 2 -> 1 rank --zero 0 -> 3 ranks --zero 2 within 1e-6 of the uninterrupted run; and
-# --zero 4 refused at 2 ranks, one message, exit 1.
+# --zero 1 where both reduce the same buckets (one micro-batch); the memory line with the
+# reduce-scatter at half the ring allreduce's bytes; --comm hierarchical bitwise --comm mpi;
+# gpt-tiny (tied head) on 2 ranks against --zero 0; the restart 2 ranks --zero 2 -> 1 rank
+# --zero 0 -> 3 ranks --zero 2 within 1e-6 of the uninterrupted run; and --zero 4 refused at
+# 2 ranks, one message, exit 1.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir zero2)
 PY=/usr/bin/python3
@@ -90,6 +90,18 @@ rs=$(sed 's/.*reduce-scatter \([0-9]*\) B.*/\1/' <<<"$line")
 ar=$(sed 's/.*allreduce \([0-9]*\) B.*/\1/' <<<"$line")
 (( rs > 0 && (2 * rs - ar) * (2 * rs - ar) <= 4 )) || fail "reduce-scatter $rs B is not half the allreduce's $ar B: $line"
 pass "memory line: $line"
+
+# --comm hierarchical (2 "nodes" of 2 ranks): the reduce-scatter runs on its world
+# communicator, so the run is bitwise the --comm mpi one.
+for c in hierarchical mpi; do
+  mpi 4 -x RINGTRAIN_RANKS_PER_NODE=2 "$BIN" train "${args[@]}" --grad-accum 2 --zero 2 --comm "$c" \
+    --steps 6 --checkpoint-dir "$dir/comm-$c" >"$dir/comm-$c.out" 2>&1 ||
+    fail "--comm $c --zero 2 failed: $(cat "$dir/comm-$c.out")"
+done
+contains "comm hierarchical" <"$dir/comm-hierarchical.out" || fail "not hierarchical: $(cat "$dir/comm-hierarchical.out")"
+r=$(cmp "$dir/comm-mpi/ckpt-000000006.h5" "$dir/comm-hierarchical/ckpt-000000006.h5" 0) &&
+  [[ $r == bitwise ]] || fail "--comm hierarchical --zero 2 differs from --comm mpi: $r"
+pass "--comm hierarchical --zero 2 on 2 nodes x 2 ranks bitwise equal to --comm mpi"
 
 # gpt-tiny, whose head shares embed.wte: 2 ranks, clipping; bitwise --zero 0 with one
 # micro-batch. With --grad-accum 2 within 1e-6 but the attention's qkv biases: the key part
