@@ -8,7 +8,7 @@
 # reduce-scatter at half the ring allreduce's bytes; --comm hierarchical bitwise --comm mpi;
 # gpt-tiny (tied head) on 2 ranks against --zero 0; the restart 2 ranks --zero 2 -> 1 rank
 # --zero 0 -> 3 ranks --zero 2 within 1e-6 of the uninterrupted run; and --zero 4 refused at
-# 2 ranks, one message, exit 1.
+# 2 ranks, one message, exit 1; an injected failure in the reduce-scatter on rank 1, exit 2.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir zero2)
 PY=/usr/bin/python3
@@ -51,6 +51,18 @@ for n in names:
 print("bitwise" if same else f"within {worst:.3g}")
 PYEOF
 }
+
+# A failure in the reduce-scatter of rank 1 (while backward may wait for a bucket buffer):
+# one error line, exit 2, every rank ended.
+start=$(date +%s)
+rc=0
+timeout 60 mpirun -n 2 -x RINGTRAIN_TEST_FAIL=1:reduce:3 "$BIN" train "${args[@]}" --bucket-mb 1e-4 \
+  --steps 6 --zero 2 >"$dir/fail.out" 2>"$dir/fail.err" || rc=$?
+[[ $rc -eq 2 ]] || fail "injected reduce failure: exit $rc, expected 2: $(cat "$dir/fail.err")"
+[[ $(grep -c '^ringtrain: error:' "$dir/fail.err") -eq 1 ]] || fail "not one error line: $(cat "$dir/fail.err")"
+grep '^ringtrain: error:' "$dir/fail.err" | contains "injected test failure at 'reduce' on rank 1" ||
+  fail "the error line does not name the reduce on rank 1: $(cat "$dir/fail.err")"
+pass "failure in the --zero 2 reduce-scatter on rank 1 ended the job in $(($(date +%s) - start)) s, exit 2"
 
 # The matrix: 12 steps, 2 micro-batches per step, clipping.
 for prec in fp32 bf16; do

@@ -444,6 +444,30 @@ TEST(Zero2AcrossRanks, Bf16BitwiseZero1) {
   EXPECT_EQ(compare(a.data(), b.data(), m1.num_params()).differ, 0);
 }
 
+// --no-overlap: each bucket reduced on the main thread as soon as it is complete, one bucket
+// buffer at a time; the same buckets in the same order, so bitwise the overlapped run.
+TEST(Zero2AcrossRanks, NoOverlapBitwiseOverlapped) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator w0(MPI_COMM_WORLD), w1(MPI_COMM_WORLD);
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  cfg.grad_accum = 2;
+  cfg.grad_accum_given = true;
+  cfg.zero = 2;
+  cfg.bucket_mb = 1e-4;  // a bucket per layer
+  launch::Trainer overlapped(cfg, w0);
+  cfg.overlap = false;
+  launch::Trainer sequential(cfg, w1);
+  const auto [loss_bitwise, worst] = run_both(overlapped, sequential, 0.0);
+  EXPECT_EQ(loss_bitwise, 200) << "largest relative difference " << worst;
+  const Model &a = overlapped.model(), &b = sequential.model();
+  EXPECT_EQ(compare(a.master().as<float>(), b.master().as<float>(), a.num_params()).differ, 0);
+  const int64_t es = 4, n = a.num_params();
+  EXPECT_LE(sequential.reducer().peak_bucket_bytes(), (64 * 33 + 33) * es)
+      << "one bucket at a time";
+  EXPECT_LT(overlapped.reducer().peak_bucket_bytes(), n * es);
+}
+
 TEST(Zero2AcrossRanks, GradientIsTheShardAndBucketsInFlight) {
   const std::string data = test::shared_dataset(2048, 13);
   comm::MpiCommunicator world(MPI_COMM_WORLD);
