@@ -462,10 +462,8 @@ TEST(Zero2AcrossRanks, NoOverlapBitwiseOverlapped) {
   EXPECT_EQ(loss_bitwise, 200) << "largest relative difference " << worst;
   const Model &a = overlapped.model(), &b = sequential.model();
   EXPECT_EQ(compare(a.master().as<float>(), b.master().as<float>(), a.num_params()).differ, 0);
-  const int64_t es = 4, n = a.num_params();
-  EXPECT_LE(sequential.reducer().peak_bucket_bytes(), (64 * 33 + 33) * es)
-      << "one bucket at a time";
-  EXPECT_LT(overlapped.reducer().peak_bucket_bytes(), n * es);
+  // One bucket at a time: at most fc1's, the largest.
+  EXPECT_LE(sequential.reducer().peak_bucket_bytes(), (64 * 33 + 33) * 4);
 }
 
 TEST(Zero2AcrossRanks, GradientIsTheShardAndBucketsInFlight) {
