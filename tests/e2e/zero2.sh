@@ -56,7 +56,7 @@ PYEOF
 # one error line, exit 2, every rank ended.
 start=$(date +%s)
 rc=0
-timeout 60 mpirun -n 2 -x RINGTRAIN_TEST_FAIL=1:reduce:3 "$BIN" train "${args[@]}" --bucket-mb 1e-4 \
+timeout 60 mpirun -n 2 -x RINGTRAIN_TEST_FAIL=1:reduce:3 "$BIN" train "${args[@]}" \
   --steps 6 --zero 2 >"$dir/fail.out" 2>"$dir/fail.err" || rc=$?
 [[ $rc -eq 2 ]] || fail "injected reduce failure: exit $rc, expected 2: $(cat "$dir/fail.err")"
 [[ $(grep -c '^ringtrain: error:' "$dir/fail.err") -eq 1 ]] || fail "not one error line: $(cat "$dir/fail.err")"
