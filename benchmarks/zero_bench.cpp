@@ -9,12 +9,14 @@
 //     dtype, plus the fp32-read parameters) for --zero 0 and 1.
 //  3. Time (under mpirun -n W): the allreduce of the gradient against reduce-scatter +
 //     all-gather over the shard layout, the same buffer, measured in the same run (ratio).
-//  4. With --train DATA: training step time of --zero 1 against --zero 0 in one run: two
+//  4. With --train DATA: training step time of --zero S (--stage S: 1, the default, or 2)
+//     against --zero 0 in one run: two
 //     Trainers of the same model (--model, AdamW, --threads 1) side by side, blocks of 10
 //     steps alternated after a warm-up, so that the machine's load affects both alike; fp32
 //     and bf16; the ratio of the mean step times (and of the median blocks').
 // Usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] [--iters K]
-//                               [--train DATA [--model NAME] [--steps K] [--batch G]]
+//                               [--train DATA [--model NAME] [--steps K] [--batch G]
+//                               [--stage 1|2]]
 #include <mpi.h>
 
 #include <algorithm>
@@ -77,10 +79,10 @@ void print_memory(const char* name, int64_t p, int64_t fp32_read, DType precisio
     }
 }
 
-// Part 4: seconds per step of --zero 0 and --zero 1, alternated; rank 0 prints the row.
+// Part 4: seconds per step of --zero 0 and --zero `stage`, alternated; rank 0 prints the row.
 void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communicator& c1,
                    const std::string& data, const std::string& model, DType precision,
-                   int64_t steps, int64_t batch) {
+                   int64_t steps, int64_t batch, int stage) {
   constexpr int64_t kBlock = 10;
   steps = std::max<int64_t>(kBlock, steps / kBlock * kBlock);  // whole blocks
   ringtrain::launch::TrainConfig cfg;
@@ -92,14 +94,14 @@ void time_training(ringtrain::comm::Communicator& c0, ringtrain::comm::Communica
   cfg.global_batch_size = batch;
   cfg.resume = "never";
   ringtrain::launch::Trainer plain(cfg, c0);
-  cfg.zero = 1;
+  cfg.zero = stage;
   ringtrain::launch::Trainer zero(cfg, c1);
   for (int i = 0; i < 5; ++i) {  // warm-up: first-touch pages, oneDNN primitives
     plain.step_once();
     zero.step_once();
     zero.finish_weight_gather();
   }
-  // Blocks of kBlock steps, alternated, each timed whole: a --zero 1 step leaves its
+  // Blocks of kBlock steps, alternated, each timed whole: a sharded step leaves its
   // all-gather to the next step's forward, so a block ends with finish_weight_gather() (its
   // last all-gather exposed, once per block) and a block's steps count together.
   std::vector<double> t0, t1;  // seconds per step, one entry per block
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
   ringtrain::comm::prefer_yielding_mpi_waits();  // as `ringtrain train` does
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
   int64_t params = 0, train_steps = 100, train_batch = 128;
-  int iters = 20;
+  int iters = 20, stage = 1;
   std::string train_data, train_model = "mlp";
   DType precision = DType::f32;
   for (int i = 1; i < argc; ++i) {
@@ -151,6 +153,9 @@ int main(int argc, char** argv) {
       train_model = argv[++i];
     } else if (a == "--steps" && i + 1 < argc) {
       train_steps = std::stoll(argv[++i]);
+    } else if (a == "--stage" && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "1") == 0 || std::strcmp(argv[i + 1], "2") == 0)) {
+      stage = std::stoi(argv[++i]);
     } else if (a == "--batch" && i + 1 < argc) {
       train_batch = std::stoll(argv[++i]);
     } else if (a == "--precision" && i + 1 < argc) {
@@ -159,7 +164,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: mpirun -n W zero_bench [--params N] [--precision fp32|bf16] "
-                   "[--iters K] [--train DATA [--model NAME] [--steps K] [--batch G]]\n");
+                   "[--iters K] [--train DATA [--model NAME] [--steps K] [--batch G] "
+                   "[--stage 1|2]]\n");
       MPI_Finalize();
       return a == "--help" ? 0 : 1;
     }
@@ -216,15 +222,17 @@ int main(int argc, char** argv) {
     if (!train_data.empty()) {
       if (rank == 0) {
         std::printf(
-            "\n# training step time on %d ranks, --zero 1 against --zero 0 alternated, global "
+            "\n# training step time on %d ranks, --zero %d against --zero 0 alternated, global "
             "batch %lld, AdamW, 1 thread/rank\n",
-            world, static_cast<long long>(train_batch));
+            world, stage, static_cast<long long>(train_batch));
+        const std::string ms = "zero" + std::to_string(stage) + " ms";
+        const std::string med = "zero" + std::to_string(stage) + " med";
         std::printf("%-6s %-6s %6s %12s %12s %8s %12s %12s %8s\n", "model", "prec", "steps",
-                    "zero0 ms", "zero1 ms", "ratio", "zero0 med", "zero1 med", "ratio");
+                    "zero0 ms", ms.c_str(), "ratio", "zero0 med", med.c_str(), "ratio");
       }
       ringtrain::comm::MpiCommunicator c0(MPI_COMM_WORLD), c1(MPI_COMM_WORLD);
       for (DType prec : {DType::f32, DType::bf16})
-        time_training(c0, c1, train_data, train_model, prec, train_steps, train_batch);
+        time_training(c0, c1, train_data, train_model, prec, train_steps, train_batch, stage);
     }
   }
   MPI_Finalize();

@@ -2,6 +2,7 @@
 // working weights (see grad_reducer.hpp).
 #include "comm/grad_reducer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -28,7 +29,17 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
                (cfg.shards.world() == comm.size() && cfg.shards.total() == grad.numel()),
            "shard layout of ", cfg.shards.total(), " elements over ", cfg.shards.world(),
            " ranks for a gradient of ", grad.numel(), " on ", comm.size(), " ranks");
-  if (cfg.wire == grad.dtype) {
+  RT_CHECK(!cfg.transient_buckets || !cfg.shards.empty(), "transient buckets without shards");
+  if (cfg.transient_buckets) {
+    RT_CHECK(cfg.shard_sums.dtype == DType::f32 &&
+                 cfg.shard_sums.numel() == cfg.shards.count(comm.rank()),
+             "shard sums of ", cfg.shard_sums.numel(), " elements for a shard of ",
+             cfg.shards.count(comm.rank()));
+    RT_REQUIRE(grad.device.kind == Device::cpu,
+               "--zero 2 keeps gradient buckets in host memory; this build has no device path "
+               "for it (use --zero 1 on a GPU)");
+    wire_ = Tensor(nullptr, grad.shape, cfg.wire, grad.device);  // the dtype only
+  } else if (cfg.wire == grad.dtype) {
     wire_ = grad;  // reduce in place
   } else {
     wire_storage_ = Buffer(size_t(grad.numel()) * dtype_size(cfg.wire), grad.device);
@@ -65,6 +76,8 @@ GradReducer::GradReducer(Communicator& comm, const ReducerConfig& cfg, Tensor gr
   }
   if (cur.params > 0) buckets_.push_back(cur);
   pending_.resize(buckets_.size());
+  bucket_buf_.resize(buckets_.size());
+  wire_buf_.resize(buckets_.size());
   if (cfg_.overlap) thread_ = std::thread([this] { run(); });
 }
 
@@ -77,30 +90,113 @@ GradReducer::~GradReducer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void GradReducer::start_step(int64_t step) {
+void GradReducer::start_step(int64_t step, bool accumulate) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
   ready_ = done_ = 0;
   gather_ready_ = gathered_ = 0;
-  comm_s_ = gather_s_ = 0;
-  spans_.clear();
+  accumulate_ = accumulate;
+  if (!accumulate) {
+    comm_s_ = gather_s_ = 0;
+    spans_.clear();
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params;
 }
 
 void GradReducer::mark_ready(size_t param) {
   const size_t b = bucket_of_.at(param);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_[b] != 0) return;
+    // Buckets are reduced strictly in order (the same order on every rank).
+    while (ready_ < buckets_.size() && pending_[ready_] == 0) ++ready_;
+    cv_.notify_all();
+    if (cfg_.overlap || !transient()) return;
+  }
+  // --no-overlap with transient buckets: each bucket is reduced (and freed) as it completes,
+  // on this thread, so that one bucket buffer exists at a time.
+  while (done_ < ready_) reduce(done_++);
+}
+
+Tensor GradReducer::bucket_grad(size_t b) {
+  RT_CHECK(transient() && b < buckets_.size(), "bucket_grad(", b, ") of ", buckets_.size(),
+           " buckets", transient() ? "" : " without transient buckets");
+  const Bucket& k = buckets_[b];
+  if (bucket_buf_[b].data() == nullptr) {
+    const size_t gbytes = size_t(k.count) * dtype_size(grad_.dtype);
+    const size_t wbytes = cfg_.wire == grad_.dtype ? 0 : size_t(k.count) * dtype_size(cfg_.wire);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return in_flight_ < max_in_flight() || error_; });
+      if (error_) std::rethrow_exception(error_);
+      ++in_flight_;
+      live_bytes_ += int64_t(gbytes + wbytes);
+      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+    }
+    bucket_buf_[b] = Buffer(gbytes, grad_.device);
+    if (wbytes > 0) wire_buf_[b] = Buffer(wbytes, grad_.device);
+  }
+  return Tensor(bucket_buf_[b].data(), {k.count}, grad_.dtype, grad_.device);
+}
+
+int64_t GradReducer::bucket_bytes_bound() const {
+  const int64_t es = int64_t(dtype_size(grad_.dtype)) +
+                     (cfg_.wire == grad_.dtype ? 0 : int64_t(dtype_size(cfg_.wire)));
+  std::vector<int64_t> counts;
+  for (const auto& k : buckets_) counts.push_back(k.count);
+  std::sort(counts.rbegin(), counts.rend());
+  int64_t bound = 0;
+  for (size_t i = 0; i < counts.size() && i < size_t(max_in_flight()); ++i) bound += counts[i];
+  return bound * es;
+}
+
+void GradReducer::keep_piece_and_free(size_t b, const Tensor& wire_bucket) {
+  const Bucket& k = buckets_[b];
+  const int r = comm_.rank();
+  const int64_t first = cfg_.shards.begin(r);
+  const int64_t lo = std::max(k.offset, first);
+  const int64_t hi = std::min(k.offset + k.count, cfg_.shards.end(r));
+  if (lo < hi) {
+    const int64_t n = hi - lo;
+    const Tensor piece = wire_bucket.slice(lo - k.offset, {n});
+    float* sums = cfg_.shard_sums.as<float>() + (lo - first);
+    std::vector<float> converted;
+    const float* src = piece.dtype == DType::f32 ? piece.as<float>() : nullptr;
+    if (src == nullptr) {
+      converted.resize(size_t(n));
+      kernels::host_to_f32(piece.data, piece.dtype, converted.data(), n);
+      src = converted.data();
+    }
+    if (accumulate_)
+      for (int64_t i = 0; i < n; ++i) sums[i] += src[i];
+    else
+      std::copy(src, src + n, sums);
+  }
+  const int64_t bytes = int64_t(bucket_buf_[b].bytes() + wire_buf_[b].bytes());
+  bucket_buf_[b] = Buffer();
+  wire_buf_[b] = Buffer();
   std::lock_guard<std::mutex> lock(mu_);
-  if (--pending_[b] != 0) return;
-  // Buckets are reduced strictly in order (the same order on every rank).
-  while (ready_ < buckets_.size() && pending_[ready_] == 0) ++ready_;
+  --in_flight_;
+  live_bytes_ -= bytes;
   cv_.notify_all();
 }
 
 void GradReducer::reduce(size_t b) {
   const Bucket& k = buckets_[b];
   const auto t0 = Clock::now();
-  if (wire_.data != grad_.data) {
-    const Tensor src = grad_.slice(k.offset, {k.count}), dst = wire_.slice(k.offset, {k.count});
+  Tensor grad, wire;  // the bucket's part of the gradient and of the wire buffer
+  if (transient()) {
+    RT_CHECK(bucket_buf_[b].data() != nullptr, "bucket ", b, " reduced before backward wrote it");
+    grad = Tensor(bucket_buf_[b].data(), {k.count}, grad_.dtype, grad_.device);
+    wire = wire_buf_[b].data() != nullptr
+               ? Tensor(wire_buf_[b].data(), {k.count}, cfg_.wire, grad_.device)
+               : grad;
+  } else {
+    grad = grad_.slice(k.offset, {k.count});
+    wire = wire_.slice(k.offset, {k.count});
+  }
+  if (wire.data != grad.data) {
+    const Tensor src = grad, dst = wire;
     if (cfg_.cast) {
       cfg_.cast(src, dst);
     } else if (grad_.dtype == DType::f32) {
@@ -122,13 +218,13 @@ void GradReducer::reduce(size_t b) {
   }
   const FlightBucket in_bucket{int64_t(b)};
   watch_.enter(step_, int64_t(b));
-  void* bucket = wire_.slice(k.offset, {k.count}).data;
   if (cfg_.shards.empty())
-    comm_.allreduce(bucket, k.count, wire_.dtype, ReduceOp::sum);
+    comm_.allreduce(wire.data, k.count, wire.dtype, ReduceOp::sum);
   else
-    comm_.reduce_scatter(bucket, cfg_.shards.counts_in(k.offset, k.count), wire_.dtype,
+    comm_.reduce_scatter(wire.data, cfg_.shards.counts_in(k.offset, k.count), wire.dtype,
                          ReduceOp::sum);
   watch_.leave();
+  if (transient()) keep_piece_and_free(b, wire);
   const auto t1 = Clock::now();
   comm_s_ += std::chrono::duration<double>(t1 - t0).count();
   spans_.push_back({b, t0, t1});
@@ -238,7 +334,8 @@ double GradReducer::finish_gather() { return wait_gathered(0); }
 double GradReducer::finish() {
   const auto t0 = Clock::now();
   if (!cfg_.overlap) {  // the same buckets in the same order, after backward
-    for (size_t b = 0; b < buckets_.size(); ++b) reduce(b);
+    for (size_t b = done_; b < buckets_.size(); ++b) reduce(b);
+    done_ = buckets_.size();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
   std::unique_lock<std::mutex> lock(mu_);

@@ -13,6 +13,12 @@
 // the next step's forward runs: wait_gathered(b) blocks only until bucket b is complete.
 // The all-gather runs in reverse bucket order: the first layers' bucket (the one the next
 // forward needs first) goes first.
+// With transient buckets as well (ZeRO-2) there is no flat gradient buffer: backward writes
+// each bucket into a buffer of the bucket's size that bucket_grad() allocates when backward
+// reaches it (at most max_in_flight() of them exist at a time: backward waits for the
+// communication thread beyond that), the bucket is cast and reduce-scattered in it, this
+// rank's summed piece is converted to fp32 into the shard sums (written by a step's first
+// reduction, added to by the later ones: one per micro-batch), and the buffer is freed.
 #pragma once
 
 #include <chrono>
@@ -46,6 +52,10 @@ struct ReducerConfig {
   // ZeRO-1: the partition of the flat buffer into this communicator's ranks' shards; empty:
   // every bucket is allreduced.
   ShardLayout shards;
+  // ZeRO-2 (needs `shards`; host buffers): the gradient exists bucket by bucket only (see
+  // above); `shard_sums` is this rank's shard of the summed gradient, fp32.
+  bool transient_buckets = false;
+  Tensor shard_sums;
 };
 
 struct Bucket {
@@ -67,12 +77,26 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  void start_step(int64_t step);
+  // A step's reductions begin. `accumulate` (transient buckets: a later micro-batch of the
+  // step): the reduced pieces are added to the shard sums, and the step's timings go on.
+  void start_step(int64_t step, bool accumulate = false);
+  // Transient buckets: bucket b's gradient buffer (compute dtype, the bucket's elements) for
+  // this reduction, allocated by the first call; waits while max_in_flight() are allocated.
+  Tensor bucket_grad(size_t b);
+  bool transient() const { return cfg_.transient_buckets; }
+  static constexpr int kMaxInFlight = 3;
+  int max_in_flight() const { return cfg_.overlap ? kMaxInFlight : 1; }
+  // The most bytes of bucket buffers that can exist at once: the max_in_flight() largest
+  // buckets (compute dtype plus wire dtype where they differ); and the most that did since
+  // construction.
+  int64_t bucket_bytes_bound() const;
+  int64_t peak_bucket_bytes() const { return peak_bytes_; }
   // Backward wrote parameter i's gradient (call in any order, each once per step).
   void mark_ready(size_t param);
   // Every bucket reduced: result() holds the sum over ranks (wire dtype); with shards, only
-  // this rank's shard of it is the sum. Returns the seconds this call waited (the
-  // communication not hidden by compute).
+  // this rank's shard of it is the sum; with transient buckets result() has no data (its
+  // dtype is the wire dtype) and the shard sums hold the sum. Returns the seconds this call waited
+  // (the communication not hidden by compute).
   double finish();
   Tensor result() const { return wire_; }
   double comm_seconds() const { return comm_s_; }  // summed over the last step's buckets
@@ -106,6 +130,9 @@ class GradReducer {
   void reduce(size_t b);  // one bucket: cast to wire, allreduce (or reduce-scatter)
   void gather(size_t b);  // one bucket of the working weights: all-gather
   void run();             // the communication thread
+  // Transient buckets: this rank's piece of reduced bucket b into the shard sums, and the
+  // bucket's buffers freed.
+  void keep_piece_and_free(size_t b, const Tensor& wire_bucket);
 
   Communicator& comm_;
   ReducerConfig cfg_;
@@ -119,6 +146,10 @@ class GradReducer {
   int64_t step_ = 0;
   double comm_s_ = 0, gather_s_ = 0;
   std::vector<Span> spans_;
+  bool accumulate_ = false;                         // transient: add to the shard sums
+  std::vector<Buffer> bucket_buf_, wire_buf_;       // transient: per bucket, while it exists
+  int in_flight_ = 0;                               // transient: buckets allocated (under mu_)
+  int64_t live_bytes_ = 0, peak_bytes_ = 0;         // transient: their bytes (under mu_)
   Tensor gather_;                                   // the working weights of the step's all-gather
   Tensor extra_;                                    // and the fp32 region gathered with them
   std::vector<std::vector<int64_t>> extra_counts_;  // per bucket, per rank

@@ -35,6 +35,7 @@ void Model::backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hook
   const bool label = master_.device().kind != Device::cpu;
   for (size_t l = n; l-- > 0;) {
     RT_CHECK(has_grad_[l], "node ", layers_[l]->name(), " got no gradient");
+    if (hooks.before_backward) hooks.before_backward(l);
     {
       std::optional<AllocScope> scope;
       if (label) scope.emplace(layers_[l]->name());

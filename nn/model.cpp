@@ -210,6 +210,12 @@ void draw(const Param& p, uint64_t seed, const Tensor& dst) {
 
 }  // namespace
 
+void Model::release_grad() {
+  const Device d = grad_.device();
+  grad_ = Buffer(0, d);
+  for (auto& p : params_) p.grad = Tensor(nullptr, p.shape, compute_, d);
+}
+
 void Model::shard_masters(int64_t lo, int64_t hi) {
   RT_CHECK(compute_ != DType::f32 && !sharded_ && 0 <= lo && lo <= hi && hi <= num_params_,
            "sharding the masters of ", num_params_, " parameters in ", dtype_name(compute_),

@@ -39,6 +39,8 @@ struct LayerHooks {
   // Before the node runs (ZeRO-1: waits for the all-gather of its parameters).
   std::function<void(size_t node)> before_forward;
   std::function<void(size_t node, const Tensor& y)> after_forward;  // the node's output
+  // Before the node's backward (ZeRO-2: points its parameters' gradients at their bucket).
+  std::function<void(size_t node)> before_backward;
   // The node's (first) input gradient, empty where none is computed; before grad_ready.
   std::function<void(size_t node, const Tensor& dx)> after_backward;
   std::function<void(size_t param)> grad_ready;  // index into Model::params(), complete
@@ -108,6 +110,10 @@ class Model {
   // Elements of the region whose flat index lies in [lo, hi).
   int64_t fp32_count_in(int64_t lo, int64_t hi) const;
   Tensor grad() const { return flat(grad_, compute_); }  // compute-dtype gradients
+  // ZeRO-2: frees the flat gradient buffer; grad() keeps its shape and dtype but has no data,
+  // and each Param::grad is empty until the caller points it at memory for a backward
+  // (a shared parameter's own gradient stays as it is).
+  void release_grad();
 
   // Draws the masters from `seed` (one stream per parameter name, so the values do not
   // depend on the node order), resets the state buffers and refreshes the working copy.

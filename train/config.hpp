@@ -64,7 +64,7 @@ struct TrainConfig {
   bool wire_dtype_given = false;
   double bucket_mb = 25;       // gradient bucket size
   bool overlap = true;         // allreduce buckets while backward runs
-  int zero = 0;                // 1: ZeRO-1, optimizer state and fp32 gradients sharded
+  int zero = 0;                // 1: ZeRO-1, optimizer state and fp32 gradients sharded; 2: ZeRO-2
   double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)
   int64_t log_every = 50;
   std::string metrics;

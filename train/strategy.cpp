@@ -27,10 +27,11 @@ std::unique_ptr<Optimizer> ParallelStrategy::make_optimizer(const OptimizerConfi
 void ParallelStrategy::allocate_gradients(bool optimizer_unscales) {
   optimizer_unscales_ = optimizer_unscales;
   const int64_t g32 = owned_count();
-  const bool own32 = precision_ != DType::f32 && !optimizer_unscales;
+  const bool shard_only = keeps_gradient_shard_only();
+  const bool own32 = shard_only || (precision_ != DType::f32 && !optimizer_unscales);
   grad32_storage_ = own32 ? Buffer(size_t(g32) * 4) : Buffer();
   grad32_ =
-      precision_ == DType::f32
+      precision_ == DType::f32 && !shard_only
           ? model_.grad()
           : (own32 ? Tensor(grad32_storage_.data(), {g32}, DType::f32, grad32_storage_.device())
                    : Tensor());
@@ -40,6 +41,10 @@ std::unique_ptr<comm::GradReducer> ParallelStrategy::make_reducer(
     comm::ReducerConfig rc, const std::vector<std::pair<int64_t, int64_t>>& ranges,
     const std::vector<size_t>& layer_of) {
   rc.shards = reduce_layout();
+  if (keeps_gradient_shard_only()) {
+    rc.transient_buckets = true;
+    rc.shard_sums = grad32_;
+  }
   auto reducer = std::make_unique<comm::GradReducer>(comm_, rc, model_.grad(), ranges, layer_of);
   reducer_ = reducer.get();
   reducer_made();
@@ -51,13 +56,19 @@ std::unique_ptr<HostMirror> ParallelStrategy::make_host_mirror() const {
 }
 
 Tensor ParallelStrategy::owned_grad() const {
-  // fp16/bf16: allocated as the owned range; fp32: the model's whole gradient.
-  if (precision_ != DType::f32) return grad32_;
+  // fp16/bf16 or a gradient shard only: allocated as the owned range; fp32: the model's
+  // whole gradient.
+  if (precision_ != DType::f32 || keeps_gradient_shard_only()) return grad32_;
   return grad32_.slice(owned_begin(), {owned_count()});
 }
 
 Tensor ParallelStrategy::optimizer_grad() const {
   if (!optimizer_unscales_) return owned_grad();
+  return reduced_sums();
+}
+
+Tensor ParallelStrategy::reduced_sums() const {
+  if (keeps_gradient_shard_only()) return grad32_;  // the reducer wrote the fp32 sums there
   return reducer_->result().slice(owned_begin(), {owned_count()});
 }
 
@@ -69,7 +80,7 @@ ParallelStrategy::UnscaledGrads ParallelStrategy::unscale_and_check(float unscal
     u.nonfinite = backend_.unscale_check(optimizer_grad(), unscale, Tensor());
     return u;
   }
-  const Tensor sums = reducer_->result().slice(owned_begin(), {owned_count()});
+  const Tensor sums = reduced_sums();
   u.nonfinite = backend_.unscale_check(sums, unscale, owned_grad());
   if (!u.nonfinite && clipping) u.sum_sq = norm_sq_share();
   return u;
@@ -90,7 +101,8 @@ int64_t ParallelStrategy::gradient_bytes() const {
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
                                                 kernels::Backend& backend, Model& model,
                                                 StepObservers& observers) {
-  if (cfg.zero == 1) return make_zero1(comm, backend, model, cfg.precision, observers);
+  if (cfg.zero == 1 || cfg.zero == 2)
+    return make_sharded(cfg.zero, comm, backend, model, cfg.precision, observers);
   return make_replicated(comm, backend, model, cfg.precision, observers);
 }
 

@@ -5,8 +5,9 @@
 // tensor a checkpoint writes and reads on this rank, and the bytes all that takes in memory
 // and on the wire. One is chosen at start-up from the configuration (make_strategy); the
 // Trainer calls it at phase boundaries and knows no stage. Implementations:
-// strategy_replicated.cpp (every rank holds everything) and strategy_zero1.cpp (ZeRO-1:
-// masters, fp32 gradient and optimizer state partitioned).
+// strategy_replicated.cpp (every rank holds everything) and strategy_sharded.cpp (ZeRO-1:
+// masters, fp32 gradient and optimizer state partitioned; ZeRO-2: the gradient too, from
+// the moment backward computes it).
 #pragma once
 
 #include <memory>
@@ -32,14 +33,17 @@ class ParallelStrategy {
   // What a rank holds, in bytes: fp32 masters (in fp32 a sharded strategy's shard of them is
   // part of the working weights), optimizer state, working weights (0 when they are the
   // masters themselves), the full fp32 copy of the parameters layers read in fp32 (sharded
-  // masters in fp16/bf16), gradients (compute dtype, the fp32 gradient, the wire buffer).
+  // masters in fp16/bf16), gradients (compute dtype, the fp32 gradient, the wire buffer),
+  // and the most bytes of gradient buckets that exist at once (ZeRO-2: allocated as backward
+  // reaches a bucket and freed when it is reduced; the other strategies keep none).
   struct MemoryUse {
-    int64_t masters = 0, optimizer = 0, work = 0, fp32_read = 0, grads = 0;
+    int64_t masters = 0, optimizer = 0, work = 0, fp32_read = 0, grads = 0, grad_buckets = 0;
   };
   // Bytes a rank sends per step under the ring model (nccl-tests' bus bytes): the gradient
-  // reduction, the all-gather of working weights and of the fp32-read parameters.
+  // reduction (all micro-batches' where each is reduced), the all-gather of working weights
+  // and of the fp32-read parameters; and the reference, one allreduce of the gradient.
   struct WireBytes {
-    double reduce = 0, gather = 0, gather_fp32 = 0;
+    double reduce = 0, gather = 0, gather_fp32 = 0, allreduce = 0;
   };
   // The reduced gradients after the unscale, as one rank sees them: whether its part holds
   // inf/nan, its share of the squared global norm (when clipping; the ranks' shares sum to
@@ -73,6 +77,12 @@ class ParallelStrategy {
       const std::vector<size_t>& layer_of);
   // cuda: host copies of what a checkpoint holds on this rank.
   virtual std::unique_ptr<HostMirror> make_host_mirror() const;
+  // How many micro-batches a step has (--grad-accum; the wire bytes count them where each is
+  // reduced).
+  void set_micro_batches(int64_t k) { micro_batches_ = k; }
+  // Whether every micro-batch's gradient is reduced (into sharded fp32 sums) instead of the
+  // micro-batches being summed into a full-size fp32 buffer and reduced once per step.
+  virtual bool reduces_every_micro_batch() const { return false; }
   // Whether this rank draws the initial parameters (the others receive them).
   virtual bool initializes_parameters() const = 0;
   // After the start (a fresh start or this rank's part of a checkpoint read): every rank's
@@ -119,6 +129,11 @@ class ParallelStrategy {
   virtual int64_t owned_end() const = 0;
   int64_t owned_count() const { return owned_end() - owned_begin(); }
   virtual comm::ShardLayout reduce_layout() const { return {}; }  // empty: allreduce
+  // Whether the gradient exists only bucket by bucket, reduced into the fp32 gradient of this
+  // rank's shard (ZeRO-2: grad32_ is that shard in any precision, and the reducer's sums).
+  virtual bool keeps_gradient_shard_only() const { return false; }
+  // The reduced sums of the parameters this rank owns.
+  Tensor reduced_sums() const;
   virtual void reducer_made() {}  // after make_reducer: what depends on its buckets
   // What this rank adds to the squared global norm of the fp32 gradient.
   virtual double norm_sq_share() const = 0;
@@ -137,17 +152,19 @@ class ParallelStrategy {
   Buffer grad32_storage_;
   Tensor grad32_;
   bool optimizer_unscales_ = false;
+  int64_t micro_batches_ = 1;
 };
 
-// The strategy the configuration asks for (--zero 0: replicated, 1: ZeRO-1).
+// The strategy the configuration asks for (--zero 0: replicated, 1: ZeRO-1, 2: ZeRO-2).
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
                                                 kernels::Backend& backend, Model& model,
                                                 StepObservers& observers);
 std::unique_ptr<ParallelStrategy> make_replicated(comm::Communicator& comm,
                                                   kernels::Backend& backend, Model& model,
                                                   DType precision, StepObservers& observers);
-std::unique_ptr<ParallelStrategy> make_zero1(comm::Communicator& comm, kernels::Backend& backend,
-                                             Model& model, DType precision,
-                                             StepObservers& observers);
+// stage 1 or 2.
+std::unique_ptr<ParallelStrategy> make_sharded(int stage, comm::Communicator& comm,
+                                               kernels::Backend& backend, Model& model,
+                                               DType precision, StepObservers& observers);
 
 }  // namespace ringtrain::launch

@@ -55,6 +55,7 @@ class Replicated final : public ParallelStrategy {
     const double w = comm_.size(), f = (w - 1) / w;
     WireBytes b;
     b.reduce = 2 * f * double(model_.num_params()) * double(dtype_size(reducer_->result().dtype));
+    b.allreduce = b.reduce;
     return b;
   }
 

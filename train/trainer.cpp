@@ -25,6 +25,7 @@ static Tensor micro_rows(const Tensor& t, int64_t micro, int64_t b) {
 kernels::XentResult Trainer::forward_backward_all(const io::Batch& batch, float scale,
                                                   int64_t step) {
   kernels::XentResult xent;
+  micro_exposed_comm_s_ = 0;
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     const auto r = forward_backward(batch, micro, scale, step);
     xent.loss_sum += r.loss_sum;
@@ -58,14 +59,18 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   const auto t_forward = Clock::now();
   observers_.after(Phase::forward, step, t0, t_forward);
   observers_.before(Phase::backward, step);
-  if (!last) {  // no communication before the last micro-batch (DDP's no_sync)
+  const bool each = strategy_->reduces_every_micro_batch();  // into sharded fp32 sums
+  if (!last && !each) {  // no communication before the last micro-batch (DDP's no_sync)
     model_->backward(ctx, dlogits, node_hooks_);
     accumulate_micro_grads(micro);
-  } else {
-    reducer_->start_step(step);
-    model_->backward(ctx, dlogits, reduce_hooks_);  // buckets allreduced as they fill
+    observers_.after(Phase::backward, step, t_forward, Clock::now());
+    return xent;
   }
+  reducer_->start_step(step, each && micro > 0);
+  model_->backward(ctx, dlogits, reduce_hooks_);  // buckets allreduced as they fill
   observers_.after(Phase::backward, step, t_forward, Clock::now());
+  // A micro-batch before the last: its reduction done before the next one's backward.
+  if (!last) micro_exposed_comm_s_ += reducer_->finish();
   return xent;
 }
 
@@ -93,7 +98,7 @@ void Trainer::accumulate_micro_grads(int64_t micro) {
 }
 
 void Trainer::add_accumulated(size_t param) {
-  if (grad_accum_ == 1) return;
+  if (acc32_.data == nullptr) return;  // one micro-batch, or each one reduced
   const Param& p = model_->params()[param];
   // Summed in fp32, rounded once to the compute dtype for the allreduce.
   backend_->add(acc32_.slice(p.offset, p.shape), p.grad, p.grad);
@@ -160,7 +165,8 @@ StepRecord Trainer::step_once() {
   const kernels::XentResult xent = forward_backward_all(batch, scale, step);
   const auto t_backward = Clock::now();
   observers_.before(Phase::reduce, step);
-  r.exposed_comm_s = reducer_->finish();  // what of the reduction backward did not hide
+  // What of the reduction backward did not hide.
+  r.exposed_comm_s = micro_exposed_comm_s_ + reducer_->finish();
   const auto t_reduced = Clock::now();
   observers_.after(Phase::reduce, step, t_backward, t_reduced);
   observers_.before(Phase::unscale, step);

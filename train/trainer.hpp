@@ -64,6 +64,7 @@ class Trainer {
   using WireBytes = ParallelStrategy::WireBytes;
   MemoryUse memory_use() const { return strategy_->memory_use(); }
   WireBytes wire_bytes() const { return strategy_->wire_bytes(); }
+  const comm::GradReducer& reducer() const { return *reducer_; }
 
  private:
   struct InputsOnly {};
@@ -160,6 +161,7 @@ class Trainer {
   OwnedTensor xc_, dlogits_;
   Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
   Tensor acc32_;
+  double micro_exposed_comm_s_ = 0;  // the step's reductions of micro-batches before the last
   std::unique_ptr<LrSchedule> schedule_;
   double lr_ = 0;
   int64_t global_batch_ = 0, total_steps_ = 0, step_ = 0, samples_seen_ = 0;

@@ -118,7 +118,10 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
   lr_ = double(float(schedule_->lr(0)));
-  if (grad_accum_ > 1) {
+  strategy_->set_micro_batches(grad_accum_);
+  acc32_storage_ = Buffer();
+  acc32_ = Tensor();
+  if (grad_accum_ > 1 && !strategy_->reduces_every_micro_batch()) {
     DeviceScope on_device(device_);
     acc32_storage_ = Buffer(size_t(model_->num_params()) * 4);
     acc32_ =

@@ -6,6 +6,11 @@
 // by none of 2, 3 and 4, so the last shard is uneven; the bytes per rank of masters and
 // optimizer state against shard sizes computed here; the shard layout itself; and the
 // reducer's all-gather waited for one bucket at a time, as the next forward waits for it.
+// ZeRO-2 (--zero 2): bitwise equal to ZeRO-1 where the reductions are the same (one
+// micro-batch, fp32 with clipping and bf16 with sharded masters), within 1e-6 of the allreduce
+// path with --grad-accum 2 and clipping (each micro-batch reduce-scattered, the shards summed
+// in fp32: another summation order); no whole gradient buffer, the bucket buffers in flight
+// bounded, and the fp32 gradient and wire bytes of a shard.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -336,6 +341,167 @@ TEST(ZeroAcrossRanks, ReplicatedHoldsEverythingAndAllreduces) {
     EXPECT_DOUBLE_EQ(b.reduce, 2 * f * double(n) * double(es));
     EXPECT_EQ(b.gather, 0.0);
     EXPECT_EQ(b.gather_fp32, 0.0);
+  }
+}
+
+// Steps three trainers `steps` times; fails at the first step where b's loss is not within
+// `tol_ab` of a's or c's is not within `tol_bc` of b's. Returns how many of b's and of c's
+// losses were bitwise a's and b's.
+std::pair<int64_t, int64_t> run_three(launch::Trainer& a, launch::Trainer& b, launch::Trainer& c,
+                                      double tol_ab, double tol_bc, int steps = 200) {
+  int64_t ab = 0, bc = 0;
+  for (int s = 1; s <= steps; ++s) {
+    const double la = a.step_once().loss_sum, lb = b.step_once().loss_sum;
+    const double lc = c.step_once().loss_sum;
+    const bool ok_ab = std::abs(la - lb) <= tol_ab * std::abs(la);
+    const bool ok_bc = std::abs(lb - lc) <= tol_bc * std::abs(lb);
+    EXPECT_TRUE(ok_ab) << "step " << s << ": " << la << " vs " << lb;
+    EXPECT_TRUE(ok_bc) << "step " << s << ": " << lb << " vs " << lc;
+    if (!ok_ab || !ok_bc) break;
+    ab += la == lb;
+    bc += lb == lc;
+  }
+  b.finish_weight_gather();
+  c.finish_weight_gather();
+  return {ab, bc};
+}
+
+TEST(Zero2AcrossRanks, BitwiseZero1AndWithin1e6OfAllreduce) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator w0(MPI_COMM_WORLD), w1(MPI_COMM_WORLD), w2(MPI_COMM_WORLD);
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  launch::Trainer plain(cfg, w0);
+  cfg.zero = 1;
+  launch::Trainer z1(cfg, w1);
+  cfg.zero = 2;
+  launch::Trainer z2(cfg, w2);
+  const int64_t n = plain.model().num_params();
+  EXPECT_EQ(z2.model().grad().data, nullptr) << "no whole gradient buffer";
+  const auto [loss01, loss12] = run_three(plain, z1, z2, 1e-6, 0.0);
+  const float* m1 = z1.model().master().as<float>();
+  const float* m2 = z2.model().master().as<float>();
+  EXPECT_EQ(compare(m1, m2, n).differ, 0) << "--zero 2 against --zero 1";
+  const Diff d = compare(plain.model().master().as<float>(), m2, n);
+  EXPECT_LE(d.rel, 1e-6) << d.differ << " of " << n << " parameters differ from --zero 0";
+  if (w0.rank() == 0)
+    std::printf(
+        "[zero2] fp32 clip, %d ranks: %lld/200 losses bitwise --zero 1, %lld/200 --zero 0 "
+        "bitwise --zero 1; against --zero 0: %lld params differ, relative %.3g\n",
+        w0.size(), static_cast<long long>(loss12), static_cast<long long>(loss01),
+        static_cast<long long>(d.differ), d.rel);
+}
+
+// --grad-accum 2 with clipping: --zero 0 sums the micro-batches in fp32 and allreduces once;
+// --zero 2 reduce-scatters each micro-batch and adds the two shard sums in fp32.
+TEST(Zero2AcrossRanks, GradAccumAndClipWithin1e6OfAllreduce) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator w0(MPI_COMM_WORLD), w2(MPI_COMM_WORLD);
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  cfg.grad_accum = 2;
+  cfg.grad_accum_given = true;
+  launch::Trainer plain(cfg, w0);
+  cfg.zero = 2;
+  launch::Trainer z2(cfg, w2);
+  ASSERT_EQ(z2.grad_accum(), 2);
+  const int64_t n = plain.model().num_params();
+  const auto [loss_bitwise, worst] = run_both(plain, z2, 1e-6);
+  ASSERT_GE(loss_bitwise, 0);
+  const Diff d = compare(plain.model().master().as<float>(), z2.model().master().as<float>(), n);
+  EXPECT_LE(d.rel, 1e-6) << d.differ << " of " << n << " parameters differ";
+  EXPECT_TRUE(test::identical_on_all_ranks(z2.model().master().data, size_t(n) * 4));
+  // Each micro-batch is reduce-scattered: twice ZeRO-1's reduction bytes.
+  const double f = double(w0.size() - 1) / w0.size();
+  EXPECT_DOUBLE_EQ(z2.wire_bytes().reduce, 2 * f * double(n) * 4);
+  if (w0.rank() == 0)
+    std::printf(
+        "[zero2] fp32 --grad-accum 2 clip, %d ranks: %lld/200 losses bitwise --zero 0 (largest "
+        "relative difference %.3g), %lld params differ, relative %.3g\n",
+        w0.size(), static_cast<long long>(loss_bitwise), worst, static_cast<long long>(d.differ),
+        d.rel);
+}
+
+// bf16 with sharded masters and a layer in fp32: the bf16 buckets are reduce-scattered as
+// ZeRO-1 does and the sums converted to fp32 exactly, so the runs are bitwise equal.
+TEST(Zero2AcrossRanks, Bf16BitwiseZero1) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator w1(MPI_COMM_WORLD), w2(MPI_COMM_WORLD);
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  cfg.precision = DType::bf16;
+  cfg.layer_precision = "fc2=fp32";
+  cfg.zero = 1;
+  launch::Trainer z1(cfg, w1);
+  cfg.zero = 2;
+  launch::Trainer z2(cfg, w2);
+  const auto [loss_bitwise, worst] = run_both(z1, z2, 0.0);
+  EXPECT_EQ(loss_bitwise, 200) << "largest relative difference " << worst;
+  const Model &m1 = z1.model(), &m2 = z2.model();
+  EXPECT_EQ(compare(m1.master().as<float>(), m2.master().as<float>(), m1.master().numel()).differ,
+            0);
+  const auto a = as_floats(m1.work()), b = as_floats(m2.work());
+  EXPECT_EQ(compare(a.data(), b.data(), m1.num_params()).differ, 0);
+}
+
+// --no-overlap: each bucket reduced on the main thread as soon as it is complete, one bucket
+// buffer at a time; the same buckets in the same order, so bitwise the overlapped run.
+TEST(Zero2AcrossRanks, NoOverlapBitwiseOverlapped) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator w0(MPI_COMM_WORLD), w1(MPI_COMM_WORLD);
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  cfg.grad_accum = 2;
+  cfg.grad_accum_given = true;
+  cfg.zero = 2;
+  cfg.bucket_mb = 1e-4;  // a bucket per layer
+  launch::Trainer overlapped(cfg, w0);
+  cfg.overlap = false;
+  launch::Trainer sequential(cfg, w1);
+  const auto [loss_bitwise, worst] = run_both(overlapped, sequential, 0.0);
+  EXPECT_EQ(loss_bitwise, 200) << "largest relative difference " << worst;
+  const Model &a = overlapped.model(), &b = sequential.model();
+  EXPECT_EQ(compare(a.master().as<float>(), b.master().as<float>(), a.num_params()).differ, 0);
+  // One bucket at a time: at most fc1's, the largest.
+  EXPECT_LE(sequential.reducer().peak_bucket_bytes(), (64 * 33 + 33) * 4);
+}
+
+TEST(Zero2AcrossRanks, GradientIsTheShardAndBucketsInFlight) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator world(MPI_COMM_WORLD);
+  for (DType precision : {DType::f32, DType::bf16}) {
+    launch::TrainConfig cfg = zero_test_config();
+    cfg.data = data;
+    cfg.precision = precision;
+    cfg.model_vars = {{"hidden", "33,17,9,7,5", "--hidden"}};
+    cfg.bucket_mb = 1e-4;  // a bucket per layer: 6, more than the cap
+    cfg.steps = 3;
+    cfg.zero = 2;
+    launch::Trainer t(cfg, world);
+    for (int s = 0; s < 3; ++s) t.step_once();
+    t.finish_weight_gather();
+    const int64_t n = t.model().num_params(), shard = expected_shard(n, world.size(), world.rank());
+    const int64_t es = int64_t(dtype_size(precision));
+    const auto m = t.memory_use();
+    EXPECT_EQ(m.grads, shard * 4) << dtype_name(precision) << ": the fp32 gradient's shard only";
+    EXPECT_EQ(m.masters, shard * 4) << dtype_name(precision);
+    EXPECT_EQ(m.optimizer, shard * 8) << dtype_name(precision);
+    const comm::GradReducer& r = t.reducer();
+    ASSERT_EQ(r.buckets().size(), 6u);
+    std::vector<int64_t> counts;  // the 3 largest buckets: the layers fc1, fc2, fc3
+    for (const auto& k : r.buckets()) counts.push_back(k.count);
+    std::sort(counts.rbegin(), counts.rend());
+    const int64_t largest = counts[0];
+    EXPECT_EQ(counts[0] + counts[1] + counts[2], (64 * 33 + 33) + (33 * 17 + 17) + (17 * 9 + 9));
+    EXPECT_EQ(m.grad_buckets, (counts[0] + counts[1] + counts[2]) * es);
+    // What existed at once: at least a bucket, at most the cap, never the whole gradient.
+    EXPECT_GE(r.peak_bucket_bytes(), largest * es);
+    EXPECT_LE(r.peak_bucket_bytes(), m.grad_buckets);
+    EXPECT_LT(r.peak_bucket_bytes(), n * es) << dtype_name(precision);
+    const auto b = t.wire_bytes();
+    const double f = double(world.size() - 1) / world.size();
+    EXPECT_DOUBLE_EQ(b.reduce, f * double(n) * double(es));
+    EXPECT_DOUBLE_EQ(b.allreduce, 2 * b.reduce) << "a reduce-scatter is half an allreduce";
   }
 }
 

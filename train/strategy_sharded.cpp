@@ -1,9 +1,15 @@
-// The ZeRO-1 strategy (--zero 1; see strategy.hpp): each rank owns one contiguous shard of
-// the flat parameters (comm::ShardLayout). The buckets are reduce-scattered into the shards;
-// a rank keeps the fp32 gradient and optimizer state of its shard only (in fp16/bf16 also
-// only its shard of the fp32 masters), updates it bucket by bucket, and all-gathers each
-// bucket's working weights while the next is updated and while the next step's forward runs,
-// which waits node by node for the buckets it reads. Checkpoints: each rank its hyperslabs.
+// The sharded strategies (see strategy.hpp), ZeRO-1 (--zero 1) and ZeRO-2 (--zero 2): each
+// rank owns one contiguous shard of the flat parameters (comm::ShardLayout). The buckets are
+// reduce-scattered into the shards; a rank keeps the fp32 gradient and optimizer state of its
+// shard only (in fp16/bf16 also only its shard of the fp32 masters), updates it bucket by
+// bucket, and all-gathers each bucket's working weights while the next is updated and while
+// the next step's forward runs, which waits node by node for the buckets it reads.
+// Checkpoints: each rank its hyperslabs.
+// ZeRO-1 keeps the whole compute-dtype gradient (and, with --grad-accum, a whole fp32 sum of
+// the micro-batches). ZeRO-2 keeps no whole gradient: before a node's backward its
+// parameters' gradients are pointed into their bucket's buffer, which the reducer allocates
+// then and frees once the bucket is reduce-scattered and this rank's piece is in the fp32
+// shard; every micro-batch is reduced so, its sums added to the shard in fp32.
 #include <algorithm>
 #include <cstdint>
 
@@ -12,18 +18,23 @@
 namespace ringtrain::launch {
 namespace {
 
-class Zero1 final : public ParallelStrategy {
+class Sharded final : public ParallelStrategy {
  public:
-  Zero1(comm::Communicator& comm, kernels::Backend& backend, Model& model, DType precision,
-        StepObservers& observers)
+  Sharded(int stage, comm::Communicator& comm, kernels::Backend& backend, Model& model,
+          DType precision, StepObservers& observers)
       : ParallelStrategy(comm, backend, model, precision, observers),
+        stage_(stage),
         shards_(model.num_params(), comm.size()) {}
 
   // fp16/bf16: fp32 masters of this rank's shard only (in fp32 the full fp32 copy is needed
-  // anyway as the working weights, and the shard is a slice of it).
+  // anyway as the working weights, and the shard is a slice of it). ZeRO-2: no whole
+  // gradient buffer.
   void place_parameters() override {
     if (precision_ != DType::f32) model_.shard_masters(owned_begin(), owned_end());
+    if (stage_ == 2) model_.release_grad();
   }
+
+  bool reduces_every_micro_batch() const override { return stage_ == 2; }
 
   // Sharded masters: every rank draws the same values and keeps its shard.
   bool initializes_parameters() const override {
@@ -39,6 +50,7 @@ class Zero1 final : public ParallelStrategy {
 
   void install_hooks(LayerHooks& hooks) override {
     hooks.before_forward = [this](size_t n) { wait_for_node_weights(n); };
+    if (stage_ == 2) hooks.before_backward = [this](size_t n) { point_grads_at_bucket(n); };
   }
 
   // The shard's part of each bucket, from the last bucket (the first layers) to bucket 0;
@@ -98,16 +110,24 @@ class Zero1 final : public ParallelStrategy {
     m.work = fp32 ? int64_t(model_.master().bytes()) - m.masters : int64_t(model_.work().bytes());
     m.fp32_read = int64_t(model_.fp32_copy().bytes());
     m.optimizer = optimizer_->state_bytes();
-    m.grads = gradient_bytes();
+    if (stage_ == 1) {
+      m.grads = gradient_bytes();
+    } else {  // the fp32 shard, and at most max_in_flight() buckets at a time
+      m.grads = int64_t(grad32_storage_.bytes());
+      m.grad_buckets = reducer_->bucket_bytes_bound();
+    }
     return m;
   }
 
   // Reduce-scatter and all-gather: (W-1)/W of the buffer each, in the wire and the working
-  // dtype, plus the fp32-read parameters' all-gather.
+  // dtype, plus the fp32-read parameters' all-gather; ZeRO-2 reduce-scatters each
+  // micro-batch. The ring model's allreduce of the gradient, 2(W-1)/W, for reference.
   WireBytes wire_bytes() const override {
     const double w = comm_.size(), f = (w - 1) / w, p = double(model_.num_params());
+    const double wire = double(dtype_size(reducer_->result().dtype));
     WireBytes b;
-    b.reduce = f * p * double(dtype_size(reducer_->result().dtype));
+    b.reduce = f * p * wire * double(stage_ == 2 ? micro_batches_ : 1);
+    b.allreduce = 2 * f * p * wire;
     b.gather = f * p * double(dtype_size(model_.work().dtype));
     b.gather_fp32 = f * double(model_.fp32_copy().numel()) * 4;
     return b;
@@ -116,13 +136,19 @@ class Zero1 final : public ParallelStrategy {
   std::string memory_report() const override {
     const MemoryUse m = memory_use();
     const WireBytes b = wire_bytes();
-    return cat("memory/rank: masters ", m.masters, " B (shard of ", owned_count(), " of ",
-               model_.num_params(), "), optimizer state ", m.optimizer, " B, working weights ",
-               m.work, precision_ == DType::f32 ? " B (the all-gathered rest)" : " B",
-               m.fp32_read > 0 ? cat(" + fp32-read parameters ", m.fp32_read, " B") : "",
-               ", gradients ", m.grads, " B; --zero 1; wire/step/rank: reduce-scatter ",
-               int64_t(b.reduce), " B + all-gather ", int64_t(b.gather), " B",
-               b.gather_fp32 > 0 ? cat(" + fp32-read ", int64_t(b.gather_fp32), " B") : "");
+    return cat(
+        "memory/rank: masters ", m.masters, " B (shard of ", owned_count(), " of ",
+        model_.num_params(), "), optimizer state ", m.optimizer, " B, working weights ", m.work,
+        precision_ == DType::f32 ? " B (the all-gathered rest)" : " B",
+        m.fp32_read > 0 ? cat(" + fp32-read parameters ", m.fp32_read, " B") : "", ", gradients ",
+        m.grads,
+        stage_ == 2 ? cat(" B (fp32 shard) + buckets in flight <= ", m.grad_buckets, " B")
+                    : std::string(" B"),
+        "; --zero ", stage_, "; wire/step/rank: reduce-scatter ", int64_t(b.reduce), " B",
+        stage_ == 2 && micro_batches_ > 1 ? cat(" (", micro_batches_, " micro-batches)") : "",
+        " + all-gather ", int64_t(b.gather), " B",
+        b.gather_fp32 > 0 ? cat(" + fp32-read ", int64_t(b.gather_fp32), " B") : "",
+        " (ring model: allreduce ", int64_t(b.allreduce), " B)");
   }
 
   bool partitions_gradients() const override { return true; }
@@ -131,6 +157,7 @@ class Zero1 final : public ParallelStrategy {
   int64_t owned_begin() const override { return shards_.begin(comm_.rank()); }
   int64_t owned_end() const override { return shards_.end(comm_.rank()); }
   comm::ShardLayout reduce_layout() const override { return shards_; }
+  bool keeps_gradient_shard_only() const override { return stage_ == 2; }
   double norm_sq_share() const override { return backend_.sum_squares(owned_grad()); }
 
   // What each node's forward waits for, and the buckets' parts of the fp32 copy.
@@ -140,6 +167,8 @@ class Zero1 final : public ParallelStrategy {
     std::vector<size_t> bucket_of(params.size());
     for (size_t b = 0; b < buckets.size(); ++b)
       for (size_t i = 0; i < buckets[b].params; ++i) bucket_of[buckets[b].first_param + i] = b;
+    param_bucket_ = bucket_of;
+    pointed_.assign(buckets.size(), nullptr);
     node_bucket_.assign(model_.layer_params().size(), SIZE_MAX);
     size_t lowest = SIZE_MAX;
     for (size_t l = 0; l < node_bucket_.size(); ++l) {
@@ -166,6 +195,22 @@ class Zero1 final : public ParallelStrategy {
     const auto t0 = Clock::now();
     if (reducer_->wait_gathered(node_bucket_[node]) > 0)
       observers_.after(Phase::gather, gather_step_, t0, Clock::now());
+  }
+
+  // ZeRO-2, the layer hook before node `node`'s backward: its bucket's buffer for this
+  // reduction (allocated by the first node of the bucket), and the gradients of the
+  // bucket's parameters pointed into it (a node's parameters lie in one bucket).
+  void point_grads_at_bucket(size_t node) {
+    const auto [first, count] = model_.layer_params()[node];
+    if (count == 0) return;
+    const size_t b = param_bucket_[first];
+    const Tensor g = reducer_->bucket_grad(b);
+    if (pointed_[b] == g.data) return;  // (a buffer at the same address: the same views)
+    const comm::Bucket& k = reducer_->buckets()[b];
+    auto& params = model_.params();
+    for (size_t i = k.first_param; i < k.first_param + k.params; ++i)
+      params[i].grad = g.slice(params[i].offset - k.offset, params[i].shape);
+    pointed_[b] = g.data;
   }
 
   // After a resume read each rank's shard: every rank's full working weights (and the
@@ -199,7 +244,11 @@ class Zero1 final : public ParallelStrategy {
     return views;
   }
 
+  int stage_;
   comm::ShardLayout shards_;
+  // ZeRO-2: each parameter's bucket, and the buffer each bucket's parameters point into.
+  std::vector<size_t> param_bucket_;
+  std::vector<void*> pointed_;
   // Per node, the lowest bucket holding a parameter of it or of an earlier node (the last
   // one gathered that it needs; SIZE_MAX: none); per bucket and rank, the fp32-read
   // parameters' elements in both (fp16/bf16); whether a step's all-gather is in flight, and
@@ -212,10 +261,10 @@ class Zero1 final : public ParallelStrategy {
 
 }  // namespace
 
-std::unique_ptr<ParallelStrategy> make_zero1(comm::Communicator& comm, kernels::Backend& backend,
-                                             Model& model, DType precision,
-                                             StepObservers& observers) {
-  return std::make_unique<Zero1>(comm, backend, model, precision, observers);
+std::unique_ptr<ParallelStrategy> make_sharded(int stage, comm::Communicator& comm,
+                                               kernels::Backend& backend, Model& model,
+                                               DType precision, StepObservers& observers) {
+  return std::make_unique<Sharded>(stage, comm, backend, model, precision, observers);
 }
 
 }  // namespace ringtrain::launch
