@@ -160,6 +160,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
+      ("recompute", value_or_default(&c.recompute), "none | blocks: free the activations of each repeat body of the model (a transformer block) after its forward and compute them again before its backward (less memory, one more forward; the same results)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -281,6 +282,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   }
   c.overlap = !no_overlap;
   RT_REQUIRE(c.zero == 0 || c.zero == 1, "--zero ", c.zero, " is not valid; expected 0 or 1");
+  RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
+             "' is not valid; expected none or blocks");
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");

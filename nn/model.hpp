@@ -4,6 +4,7 @@
 // checkpoints rely on. Built from a model file by build_model() (nn/graph_builder.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,6 +31,7 @@ struct GraphNode {
   // weight decay on this node's parameters; unset: each parameter's default (ParamSpec::decay)
   std::optional<bool> decay;
   std::map<std::string, std::string> shared;  // param -> the earlier "node.param" it is
+  int repeat_body = -1;  // the repeat-body instance it was expanded in (-1: none)
 };
 
 // What the graph executor reports per node, passed by the loop that runs it (the trainer's
@@ -133,12 +135,39 @@ class Model {
   // each node, hooks.after_backward, then hooks.grad_ready for each of its parameters.
   void backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks = {});
 
+  // Activation recomputation (--recompute blocks). The nodes of one repeat-body instance (a
+  // transformer block), a contiguous run in node order, form a segment. With it on, forward
+  // copies the outputs of a segment that later nodes read into buffers of the executor and
+  // frees the rest of the segment's activations (Layer::release_activations); backward runs
+  // the segment's forward again (Context::recomputing, the same dropout masks: they depend
+  // on the step's seed and the node's name only, no hooks called) just before the
+  // segment's backward, and frees it again after, once the gradients it passes to earlier
+  // nodes are copied out. So at most one segment's activations are held at a time; the
+  // results are bitwise those without it wherever the kernels are deterministic.
+  size_t recompute_segments() const { return segments_.size(); }
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+  // The bytes the layers' buffers (Layer::activation_buffers) and the executor's hold now,
+  // and the most of them seen since reset_activation_peak() (forward and backward note them
+  // where they peak: before each segment is freed, and after backward).
+  size_t activation_bytes();
+  size_t activation_peak() const { return activation_peak_; }
+  void reset_activation_peak() { activation_peak_ = 0; }
+
  private:
   Tensor flat(const Buffer& b, DType t) const {
     return Tensor(b.data(), {num_params_}, t, b.device());
   }
   void apply_policy();
   void init_sharded(uint64_t seed, kernels::Backend& backend);
+  void find_segments(const std::vector<int>& repeat_body);
+  void note_activation_peak() { activation_peak_ = std::max(activation_peak_, activation_bytes()); }
+  // Recomputation: keeps segment s's outputs read after it, frees the rest (forward); runs
+  // its forward again (backward); copies the gradients it passed to earlier nodes out of
+  // its buffers and frees them (after its backward).
+  void save_and_release(Context& ctx, size_t s);
+  void recompute_segment(Context& ctx, size_t s);
+  void move_grads_and_release(Context& ctx, size_t s);
 
   std::string text_;
   Shape input_;
@@ -172,6 +201,19 @@ class Model {
   std::vector<char> has_grad_;
   std::vector<OwnedTensor> grad_sums_;
   std::vector<Tensor> dxs_;
+  // Recomputation: the segments [begin, end) in node order; per node, whether its output is
+  // read after its segment (or is the model's output); the last forward's input and whether
+  // it freed the segments; the saved outputs and the gradients copied out, per node.
+  struct Segment {
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Segment> segments_;
+  std::vector<int> segment_of_;  // per node: its segment, -1 for none
+  std::vector<char> read_after_;
+  bool recompute_ = false, released_ = false;
+  Tensor forward_input_;
+  std::vector<OwnedTensor> saved_, moved_grads_;
+  size_t activation_peak_ = 0;
 };
 
 }  // namespace ringtrain
