@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Activation recomputation (--recompute blocks) end to end: gpt-tiny (3 blocks, dropout 0.1,
-# AdamW, --grad-accum 2) trained 30 steps with and without it, on 1 and on 2 ranks, in fp32
-# and in bf16: the losses of every step and the checkpoints' parameters, optimizer state and
-# loss scaler are bitwise equal (the blocks' forward runs again in backward with the same
-# dropout masks). --recompute blocks on a model without a repeat body (cnn) is exit 1 with
-# one message naming the option and the model, at 2 ranks; a bad value is exit 1.
+# AdamW, --grad-clip, --grad-accum 2) trained 30 steps with and without it, on 1 and on 2
+# ranks in fp32 and in bf16, and with --zero 1 in bf16 on 2 ranks: the losses of every step
+# and the checkpoints' parameters, optimizer state and loss scaler are bitwise equal (the
+# blocks' forward runs again in backward with the same dropout masks). --recompute blocks on
+# a model without a repeat body (cnn) is exit 1 with one message naming the option and the
+# model, at 2 ranks; a bad value is exit 1.
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 PY=/usr/bin/python3
@@ -24,7 +25,7 @@ EOF
 "$BIN" convert text --input 'corpus/*.py' --out data/c.h5 --shards 2 >/dev/null ||
   fail "convert text exited $?"
 common=(--model gpt-tiny --set layers=3 --set heads=2 --set width=32 --set context=16
-  --set dropout=0.1 --data 'data/c-*-of-*.h5' --threads 1 --seed 3 --prefetch 0 --log-every 1
+  --set dropout=0.1 --data 'data/c-*-of-*.h5' --threads 1 --prefetch 0 --log-every 1
   --optimizer adamw --lr 3e-3 --weight-decay 0.1 --grad-clip 1 --global-batch-size 8
   --grad-accum 2 --steps 30)
 
@@ -62,7 +63,7 @@ for precision in fp32 bf16; do
   for n in 1 2; do
     for r in none blocks; do
       run=$precision-$n-$r
-      mpi "$n" "$BIN" train "${common[@]}" --precision "$precision" --recompute "$r" \
+      mpi "$n" "$BIN" train "${common[@]}" --seed 3 --precision "$precision" --recompute "$r" \
         --checkpoint-dir "$run" --metrics "$run.jsonl" >"$run.out" 2>&1 ||
         fail "$run exited $?: $(cat "$run.out")"
     done
@@ -73,11 +74,22 @@ for precision in fp32 bf16; do
     pass "$precision, $n rank(s), --grad-accum 2, dropout 0.1: --recompute blocks = none bitwise ($count datasets, 30 losses)"
   done
 done
-# The check can fail: another dropout seed trains other parameters.
-mpi 1 "$BIN" train "${common[@]}" --seed 4 --recompute blocks --checkpoint-dir other >/dev/null 2>&1 ||
-  fail "the --seed 4 run exited $?"
-if same fp32-1-none/ckpt-000000030.h5 other/ckpt-000000030.h5 >/dev/null; then
-  fail "the comparison does not see another seed's parameters"
+# Under --zero 1 (bf16: sharded fp32 masters, weights all-gathered while forward runs).
+for r in none blocks; do
+  mpi 2 "$BIN" train "${common[@]}" --seed 3 --precision bf16 --zero 1 --recompute "$r" \
+    --checkpoint-dir "z1-$r" --metrics "z1-$r.jsonl" >"z1-$r.out" 2>&1 ||
+    fail "--zero 1 --recompute $r exited $?: $(cat "z1-$r.out")"
+done
+count=$(same z1-none/ckpt-000000030.h5 z1-blocks/ckpt-000000030.h5) ||
+  fail "bf16 --zero 1, 2 ranks: --recompute blocks trained other parameters: $count"
+diff=$(losses z1-none.jsonl z1-blocks.jsonl) || fail "bf16 --zero 1: losses differ: $diff"
+pass "bf16 --zero 1, 2 ranks: --recompute blocks = none bitwise ($count datasets, 30 losses)"
+# The check can fail: another seed (other dropout masks) trains other parameters.
+mpi 1 "$BIN" train "${common[@]}" --seed 4 --recompute blocks --checkpoint-dir other \
+  --metrics other.jsonl >other.out 2>&1 || fail "the --seed 4 run exited $?: $(cat other.out)"
+if same fp32-1-none/ckpt-000000030.h5 other/ckpt-000000030.h5 >/dev/null ||
+  losses fp32-1-none.jsonl other.jsonl >/dev/null; then
+  fail "the comparison does not see another seed's parameters or losses"
 fi
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 // BatchNorm's running averages -- over several steps with dropout (each step's masks), with
 // an evaluation forward between steps; on GPT (dropout > 0, fp32 and bf16), ResNet (nested
 // repeats, BatchNorm inside the bodies) and the MLP. The executor's held activation bytes at
-// their peak drop by at least half the number of repeat bodies on GPT.
+// their peak drop by at least half the number of repeat bodies on GPT, and drop on ResNet (the
+// MLP's bodies are one node each, whose output is kept: nothing to save there).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -24,6 +25,7 @@ struct Case {
   std::vector<std::pair<std::string, std::string>> vars;
   DType compute;
   size_t segments;  // repeat-body runs the model has
+  bool saves;       // bodies of several nodes: less memory (a one-node body keeps its output)
 };
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
@@ -77,7 +79,7 @@ TEST_P(Recompute, BitwiseTheSameWithLessActivationMemory) {
     EXPECT_EQ(state[0], state[1]) << c.model << " step " << step << ": running averages";
     const size_t peak_ref = ref->activation_peak(), peak_rec = rec->activation_peak();
     EXPECT_GT(peak_ref, 0u);
-    EXPECT_LT(peak_rec, peak_ref) << c.model << " step " << step;
+    if (c.saves) EXPECT_LT(peak_rec, peak_ref) << c.model << " step " << step;
     if (tokens && step > 0) {  // the goal: down by at least the number of blocks / 2
       EXPECT_GE(double(peak_ref) / double(peak_rec), double(c.segments) / 2)
           << c.model << ": activation bytes at the peak " << peak_ref << " without, " << peak_rec
@@ -102,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(
                             {"padded_vocab", "64"},
                             {"dropout", "0.2"}},
                            DType::f32,
-                           4},
+                           4,
+                           true},
                       Case{"gpt-tiny",
                            {16},
                            50,
@@ -113,11 +116,12 @@ INSTANTIATE_TEST_SUITE_P(
                             {"padded_vocab", "64"},
                             {"dropout", "0.1"}},
                            DType::bf16,
-                           3},
+                           3,
+                           true},
                       // 3 stages of 2 blocks: 6 bodies (the stage's body holds only the
                       // inner repeat, so no run of outer-body nodes).
-                      Case{"resnet", {3, 8, 8}, 10, {{"depth", "2"}}, DType::f32, 6},
-                      Case{"mlp", {1, 6, 6}, 10, {{"hidden", "24,16,12"}}, DType::f32, 3}),
+                      Case{"resnet", {3, 8, 8}, 10, {{"depth", "2"}}, DType::f32, 6, true},
+                      Case{"mlp", {1, 6, 6}, 10, {{"hidden", "24,16,12"}}, DType::f32, 3, false}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.model) + "_" + dtype_name(info.param.compute);
       for (char& ch : name)
