@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     // compare: per mode (0 without, 1 with recomputation) the step times and the peak of the
     // activation bytes, from each window's second step on (the first frees what the other
     // mode held).
-    std::vector<double> step_ms[2];
+    std::vector<double> step_ms[2], step_cpu_ms[2];
     size_t peak[2] = {0, 0};
     const double tokens_per_step = double(a.batch * a.seq * comm.size());
     for (int64_t w = 0; w < (a.steps - a.warmup) / a.window; ++w) {
@@ -180,15 +180,19 @@ int main(int argc, char** argv) {
       rates.push_back(tokens_per_step * double(a.window) / s);
       cpu_ms.push_back((cpu_seconds() - c0) * 1e3 / double(a.window));
       step_ms[mode].push_back(s * 1e3 / double(a.window));
+      step_cpu_ms[mode].push_back(cpu_ms.back());
       peak[mode] = std::max(peak[mode], model->activation_peak());
     }
     if (compare && comm.rank() == 0) {
       RT_REQUIRE(!step_ms[1].empty(), "--recompute compare needs two windows at least");
       const double none = median_of(step_ms[0]), blocks = median_of(step_ms[1]);
+      const double cpu_none = median_of(step_cpu_ms[0]), cpu_blocks = median_of(step_cpu_ms[1]);
       std::printf(
-          "recompute: step %.1f ms with blocks, %.1f ms without (ratio %.3f); activation peak "
-          "%.2f MiB with, %.2f MiB without (%.2fx less, %zu repeat bodies)\n",
-          blocks, none, blocks / none, double(peak[1]) / 1048576.0, double(peak[0]) / 1048576.0,
+          "recompute: step %.1f ms with blocks, %.1f ms without (ratio %.3f; rank 0's CPU time "
+          "%.1f / %.1f ms, ratio %.3f); activation peak %.2f MiB with, %.2f MiB without (%.2fx "
+          "less, %zu repeat bodies)\n",
+          blocks, none, blocks / none, cpu_blocks, cpu_none, cpu_blocks / cpu_none,
+          double(peak[1]) / 1048576.0, double(peak[0]) / 1048576.0,
           double(peak[0]) / double(peak[1]), model->recompute_segments());
     }
     const double median = median_of(rates);

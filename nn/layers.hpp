@@ -137,10 +137,10 @@ class Layer {
   virtual bool take_blocked_input() { return false; }
 
   // The buffers this layer owns for one step: its output, what forward keeps for backward,
-  // casts, and backward's scratch, each rebuilt by the next forward or backward. Activation
-  // recomputation (Model::set_recompute) frees them after a repeat body's forward and after
-  // its backward, and counts them. A layer listing none (a plugin's, by default) keeps its
-  // memory and is still recomputed correctly.
+  // casts, backward's scratch, each rebuilt by the next forward or backward (none holds what
+  // a later step reads). Activation recomputation (Model::set_recompute) moves them to the
+  // same layer of the next repeat body, frees them, and counts them. A layer listing none (a
+  // plugin's, by default) keeps its memory and is still recomputed correctly.
   virtual std::vector<OwnedTensor*> activation_buffers() { return {}; }
   size_t activation_bytes();
   void release_activations();

@@ -136,20 +136,20 @@ class Model {
   void backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks = {});
 
   // Activation recomputation (--recompute blocks). The nodes of one repeat-body instance (a
-  // transformer block), a contiguous run in node order, form a segment. With it on, forward
-  // copies the outputs of a segment that later nodes read into buffers of the executor and
-  // frees the rest of the segment's activations (Layer::release_activations); backward runs
-  // the segment's forward again (Context::recomputing, the same dropout masks: they depend
-  // on the step's seed and the node's name only, no hooks called) just before the
-  // segment's backward, and frees it again after, once the gradients it passes to earlier
-  // nodes are copied out. So at most one segment's activations are held at a time; the
-  // results are bitwise those without it wherever the kernels are deterministic.
+  // transformer block), a contiguous run in node order, form a segment. Forward copies the
+  // outputs of a segment that later nodes read into buffers of the executor and moves its
+  // layers' buffers (Layer::activation_buffers) to the next segment's layers; the last keeps
+  // them. Backward moves them back one segment at a time, once the gradients a segment passes
+  // to earlier nodes are copied out, and runs the segment's forward again in them
+  // (Context::recomputing; the same dropout masks, which depend on the step's seed and node
+  // name only; no hooks) before its backward. One segment's activations are held at a time,
+  // allocated once; bitwise the results without it wherever the kernels are deterministic.
   size_t recompute_segments() const { return segments_.size(); }
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
   // The bytes the layers' buffers (Layer::activation_buffers) and the executor's hold now,
   // and the most of them seen since reset_activation_peak() (forward and backward note them
-  // where they peak: before each segment is freed, and after backward).
+  // where they peak: before each segment's buffers move on, and after backward).
   size_t activation_bytes();
   size_t activation_peak() const { return activation_peak_; }
   void reset_activation_peak() { activation_peak_ = 0; }
@@ -162,9 +162,9 @@ class Model {
   void init_sharded(uint64_t seed, kernels::Backend& backend);
   void find_segments(const std::vector<int>& repeat_body);
   void note_activation_peak() { activation_peak_ = std::max(activation_peak_, activation_bytes()); }
-  // Recomputation: keeps segment s's outputs read after it, frees the rest (forward); runs
-  // its forward again (backward); copies the gradients it passed to earlier nodes out of
-  // its buffers and frees them (after its backward).
+  // Recomputation: saves segment s's outputs read after it and releases its buffers to s + 1
+  // (forward); runs its forward again (backward); copies the gradients it passed to earlier
+  // nodes out of its buffers and releases them to s - 1 (after its backward).
   void save_and_release(Context& ctx, size_t s);
   void recompute_segment(Context& ctx, size_t s);
   void move_grads_and_release(Context& ctx, size_t s);
@@ -203,7 +203,7 @@ class Model {
   std::vector<Tensor> dxs_;
   // Recomputation: the segments [begin, end) in node order; per node, whether its output is
   // read after its segment (or is the model's output); the last forward's input and whether
-  // it freed the segments; the saved outputs and the gradients copied out, per node.
+  // it moved the segments' buffers; the saved outputs and the gradients copied out, per node.
   struct Segment {
     size_t begin = 0, end = 0;
   };
