@@ -7,10 +7,14 @@
 // AdamW on the fp32 masters reading the sums times 1/ranks (writing the 16-bit working
 // copy). Rank 0
 // prints the median tokens/s (all ranks) over windows of --window steps after --warmup
-// steps, and with --json writes it as one JSON object.
+// steps, and with --json writes it as one JSON object. --recompute blocks frees each
+// transformer block's activations after forward and recomputes them in backward;
+// --recompute compare alternates windows without and with it (the same model, one run) and
+// prints the step-time ratio and the executor's activation bytes at their peak (rank 0).
 //
 //   mpirun -n 2 build-cpu/bin/gpt_bench --threads 1 --batch-size 8 --seq-len 64 --steps 60
 //       [--model FILE] [--var width=384 ...] [--precision bf16] [--json FILE]
+//       [--recompute none|blocks|compare]
 // (one command line)
 #include <mpi.h>
 
@@ -40,6 +44,7 @@ struct Args {
   int threads = 1;
   rt::DType precision = rt::DType::f32;
   std::string json;
+  std::string recompute = "none";  // none | blocks | compare
 };
 
 double median_of(std::vector<double> v) {
@@ -58,7 +63,7 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: gpt_bench [--model FILE] [--var NAME=VALUE]... [--batch-size N] "
                "[--seq-len T] [--vocab V] [--steps N] [--warmup N] [--window N] [--threads N] "
-               "[--precision fp32|bf16|fp16] [--json FILE]\n",
+               "[--precision fp32|bf16|fp16] [--json FILE] [--recompute none|blocks|compare]\n",
                why);
   return 1;
 }
@@ -100,6 +105,8 @@ int main(int argc, char** argv) {
       a.precision = v == "fp32" ? rt::DType::f32 : v == "bf16" ? rt::DType::bf16 : rt::DType::f16;
     else if (k == "--json")
       a.json = v;
+    else if (k == "--recompute" && (v == "none" || v == "blocks" || v == "compare"))
+      a.recompute = v;
     else
       return usage(("unknown option or value: " + k + " " + v).c_str());
   }
@@ -113,6 +120,8 @@ int main(int argc, char** argv) {
     a.vars.push_back({"context", std::to_string(a.seq)});
     auto model = rt::build_model(a.model, {a.seq}, a.vocab, a.vars, a.precision);
     model->init_parameters(42, *be);
+    const bool compare = a.recompute == "compare";
+    model->set_recompute(a.recompute == "blocks");
     rt::OptimizerConfig oc;
     oc.name = "adamw";
     oc.lr = 3e-4f;
@@ -150,16 +159,41 @@ int main(int argc, char** argv) {
     };
     for (int64_t i = 0; i < a.warmup; ++i) step();
     std::vector<double> rates, cpu_ms;
+    // compare: per mode (0 without, 1 with recomputation) the step times and the peak of the
+    // activation bytes, from each window's second step on (the first frees what the other
+    // mode held).
+    std::vector<double> step_ms[2], step_cpu_ms[2];
+    size_t peak[2] = {0, 0};
     const double tokens_per_step = double(a.batch * a.seq * comm.size());
     for (int64_t w = 0; w < (a.steps - a.warmup) / a.window; ++w) {
+      const int mode = int(w % 2);
+      if (compare) model->set_recompute(mode == 1);
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       const double c0 = cpu_seconds();
-      for (int64_t i = 0; i < a.window; ++i) step();
+      for (int64_t i = 0; i < a.window; ++i) {
+        if (i == (a.window > 1 ? 1 : 0)) model->reset_activation_peak();
+        step();
+      }
       comm.barrier();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rates.push_back(tokens_per_step * double(a.window) / s);
       cpu_ms.push_back((cpu_seconds() - c0) * 1e3 / double(a.window));
+      step_ms[mode].push_back(s * 1e3 / double(a.window));
+      step_cpu_ms[mode].push_back(cpu_ms.back());
+      peak[mode] = std::max(peak[mode], model->activation_peak());
+    }
+    if (compare && comm.rank() == 0) {
+      RT_REQUIRE(!step_ms[1].empty(), "--recompute compare needs two windows at least");
+      const double none = median_of(step_ms[0]), blocks = median_of(step_ms[1]);
+      const double cpu_none = median_of(step_cpu_ms[0]), cpu_blocks = median_of(step_cpu_ms[1]);
+      std::printf(
+          "recompute: step %.1f ms with blocks, %.1f ms without (ratio %.3f; rank 0's CPU time "
+          "%.1f / %.1f ms, ratio %.3f); activation peak %.2f MiB with, %.2f MiB without (%.2fx "
+          "less, %zu repeat bodies)\n",
+          blocks, none, blocks / none, cpu_blocks, cpu_none, cpu_blocks / cpu_none,
+          double(peak[1]) / 1048576.0, double(peak[0]) / 1048576.0,
+          double(peak[0]) / double(peak[1]), model->recompute_segments());
     }
     const double median = median_of(rates);
     if (comm.rank() == 0) {

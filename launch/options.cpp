@@ -160,6 +160,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("zero", value_or_default(&c.zero), "0 | 1 | 2: 1 = ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather); 2 = ZeRO-2, also no whole gradient: each bucket exists only until it is reduce-scattered, every micro-batch reduced")
+      ("recompute", value_or_default(&c.recompute), "none | blocks: free the activations of each repeat body of the model (a transformer block) after its forward and compute them again before its backward (less memory, one more forward; the same results)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -291,6 +292,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.zero != 2 || c.device != "cuda",
              "--zero 2 keeps gradient buckets in host memory; this build has no device path for "
              "it (use --zero 1 with --device cuda)");
+  RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
+             "' is not valid; expected none or blocks");
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");

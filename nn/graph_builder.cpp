@@ -192,6 +192,7 @@ ModelPlan plan_model(const ModelFile& file) {
     pn.op = graph::op_name(*raw.def);
     pn.def = raw.def;
     pn.source = raw.source;
+    pn.repeat_body = raw.repeat_body;
     for (int in : inputs[size_t(i)]) {
       pn.inputs.push_back(in < 0 ? -1 : position[size_t(in)]);
       pn.input_shapes.push_back(in < 0 ? plan.input : plan.nodes[size_t(position[size_t(in)])].out);
@@ -319,6 +320,7 @@ std::vector<GraphNode> make_graph_nodes(const ModelFile& file, const ModelPlan& 
     GraphNode g;
     g.layer = std::move(layers[i]);
     g.inputs = pn.inputs;
+    g.repeat_body = pn.repeat_body;
     if (pn.dtype) g.layer->set_dtype(*pn.dtype);
     std::set<std::string> own;
     std::map<std::string, Shape> own_shape;

@@ -24,6 +24,7 @@ struct PlannedNode {
   Shape out;                   // one sample
   double flops = 0;            // forward, one sample
   std::optional<DType> dtype;  // `precision` or --layer-precision
+  int repeat_body = -1;        // graph::Raw::repeat_body
 };
 
 struct ModelPlan {

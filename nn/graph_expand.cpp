@@ -179,7 +179,7 @@ class Expander {
         fail_at(loc, shown,
                 "the node has no op (linear, conv, batch_norm, activation, max_pool, "
                 "global_avg_pool, dropout, add, concat, flatten, reshape, custom or repeat)");
-      Raw raw{shown, def, &node, {}};
+      Raw raw{shown, def, &node, {}, body_};
       if (node.input_size() == 0) raw.refs.push_back(prev);
       for (int k = 0; k < node.input_size(); ++k) {
         const std::string t = expand_at(node.input(k), scope, f_.where(node, "input", k), shown);
@@ -267,7 +267,9 @@ class Expander {
       auto it = scope.find(name);
       saved[name] = it == scope.end() ? std::nullopt : std::optional<ExprValue>(it->second);
     }
+    const int outer_body = body_;
     for (int64_t k = 0; k < count; ++k) {
+      body_ = next_body_++;
       scope[index] = ExprValue::of(r.start() + k);
       if (!items.empty()) scope["item"] = ExprValue::of(items[size_t(k)]);
       const std::string p =
@@ -282,6 +284,7 @@ class Expander {
                   p + expand_at(r.output(), scope, f_.where(node.repeat(), "output"), shown)};
       in = out;
     }
+    body_ = outer_body < 0 ? -1 : next_body_++;  // the rest of an outer body: a new run
     for (auto& [name, value] : saved) {
       if (value)
         scope[name] = *value;
@@ -298,6 +301,7 @@ class Expander {
   std::map<std::string, Ref> aliases_;
   std::map<const pb::Node*, std::unique_ptr<pb::Node>> heads_;
   int64_t visited_ = 0;
+  int body_ = -1, next_body_ = 0;  // Raw::repeat_body of the nodes being expanded; the next
 };
 
 }  // namespace

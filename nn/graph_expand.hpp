@@ -27,6 +27,10 @@ struct Raw {
   std::shared_ptr<pb::Node> def;
   const pb::Node* source;
   std::vector<Ref> refs;
+  // The repeat-body instance the node was expanded in (-1: none): one number per iteration
+  // of the innermost repeat, and a new one for an outer body's nodes after an inner repeat,
+  // so that each number names one contiguous run of the file's nodes.
+  int repeat_body = -1;
 };
 
 // The node's op as the registry names it ("conv", or a plugin op's type); "" for none.

@@ -36,6 +36,16 @@ void Layer::commit_grad(Context& ctx, const Param& p, const Tensor& target) cons
   if (target.data != p.grad.data) ctx.backend.cast(target, p.grad);
 }
 
+size_t Layer::activation_bytes() {
+  size_t n = 0;
+  for (const OwnedTensor* t : activation_buffers()) n += t->buffer.bytes();
+  return n;
+}
+
+void Layer::release_activations() {
+  for (OwnedTensor* t : activation_buffers()) *t = OwnedTensor{};
+}
+
 Tensor relu_masked(Context& ctx, Activation act, const Tensor& y, const Tensor& dy,
                    OwnedTensor& scratch) {
   if (act != Activation::relu) return dy;

@@ -23,6 +23,9 @@ struct Context {
   DType compute = DType::f32;  // working weights, activations, gradients
   bool training = true;
   uint64_t dropout_seed = 0;  // mix of --seed, rank and step; layers mix in their name
+  // The forward being run again in backward (activation recomputation): the same outputs,
+  // and no state updated a second time (BatchNorm's running averages).
+  bool recomputing = false;
 };
 
 // How a parameter's initial values are drawn (model files' `init`, docs/models.md).
@@ -133,6 +136,15 @@ class Layer {
   virtual bool take_relu_input() { return false; }
   virtual bool take_blocked_input() { return false; }
 
+  // The buffers this layer owns for one step: its output, what forward keeps for backward,
+  // casts, backward's scratch, each rebuilt by the next forward or backward (none holds what
+  // a later step reads). Activation recomputation (Model::set_recompute) moves them to the
+  // same layer of the next repeat body, frees them, and counts them. A layer listing none (a
+  // plugin's, by default) keeps its memory and is still recomputed correctly.
+  virtual std::vector<OwnedTensor*> activation_buffers() { return {}; }
+  size_t activation_bytes();
+  void release_activations();
+
  protected:
   DType dtype(const Context& ctx) const { return has_dtype_ ? dtype_ : ctx.compute; }
   DType out_dtype(const Context& ctx) const {
@@ -173,6 +185,9 @@ class Linear final : public Layer {
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &weight_cast_, &y_, &dy_masked_, &dx_, &dw_};
+  }
 
  private:
   int64_t in_, out_;
@@ -216,6 +231,9 @@ class Conv2D final : public Layer {
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &weight_cast_, &y_, &dy_masked_, &dx_, &dw_};
+  }
 
  private:
   Options o_;
@@ -233,6 +251,7 @@ class ReLU final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&xin_, &y_, &dx_}; }
 
  private:
   OwnedTensor xin_, y_, dx_;
@@ -244,6 +263,7 @@ class GELU final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&xin_, &y_, &dx_}; }
 
  private:
   Tensor x_;
@@ -259,6 +279,7 @@ class Pointwise final : public Layer {
   const std::string& kernel() const { return kernel_; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&xin_, &y_, &dx_}; }
 
  private:
   std::string kernel_;
@@ -279,6 +300,9 @@ class MaxPool2D final : public Layer {
   bool take_blocked_input() override { return x_blocked_ = true; }
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &y_, &argmax_, &dy_cast_, &dx_};
+  }
 
  private:
   int64_t kernel_, stride_;
@@ -294,6 +318,7 @@ class GlobalAvgPool final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&y_, &dx_}; }
 
  private:
   Shape x_shape_;
@@ -320,6 +345,7 @@ class Dropout final : public Layer {
   Dropout(std::string name, float p) : Layer(std::move(name)), p_(p) {}
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&y_, &mask_, &dx_}; }
 
  private:
   float p_;
@@ -341,6 +367,9 @@ class BatchNorm2D final : public Layer {
   void bind_buffers(std::vector<StateBuffer*> buffers) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &y_, &mean_, &invstd_, &dx_, &dgamma_, &dbeta_, &running_copy_};
+  }
 
  private:
   int64_t c_;
@@ -352,6 +381,7 @@ class BatchNorm2D final : public Layer {
   bool training_ = true;
   Tensor x_;
   OwnedTensor xin_, y_, mean_, invstd_, dx_, dgamma_, dbeta_;
+  OwnedTensor running_copy_;  // recomputation: the running averages' scratch, left as they are
 };
 
 // y = x0 + x1 + ... (one shape); each input's gradient is dy itself.
@@ -360,6 +390,7 @@ class Add final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&y_, &acc_}; }
   const Tensor& forward_inputs(Context& ctx, const std::vector<const Tensor*>& xs) override;
   void backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>& dxs) override;
 
@@ -374,6 +405,7 @@ class Concat final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override;
   const Tensor& forward_inputs(Context& ctx, const std::vector<const Tensor*>& xs) override;
   void backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>& dxs) override;
 

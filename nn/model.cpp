@@ -31,8 +31,10 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     std::vector<std::pair<bool, size_t>> binds;  // (shared, index into params_/shared_)
   };
   std::vector<Pending> pending;
+  std::vector<int> repeat_body;
   for (size_t n = 0; n < nodes.size(); ++n) {
     GraphNode& node = nodes[n];
+    repeat_body.push_back(node.repeat_body);
     Layer* layer = node.layer.get();
     layers_.push_back(std::move(node.layer));
     inputs_.push_back(node.inputs);
@@ -124,6 +126,34 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     if (!ps.empty()) pd.layer->bind(ps);
   }
   apply_policy();
+  find_segments(repeat_body);
+}
+
+void Model::find_segments(const std::vector<int>& repeat_body) {
+  const size_t n = layers_.size();
+  segment_of_.assign(n, -1);
+  for (size_t l = 0; l < n; ++l) {
+    if (repeat_body[l] < 0) continue;
+    if (l == 0 || repeat_body[l - 1] != repeat_body[l]) segments_.push_back({l, l});
+    segments_.back().end = l + 1;
+    segment_of_[l] = int(segments_.size() - 1);
+  }
+  read_after_.assign(n, 0);
+  if (n > 0) read_after_[n - 1] = 1;  // the logits, which the caller reads
+  for (size_t l = 0; l < n; ++l)
+    for (int in : inputs_[l])
+      if (in >= 0 && segment_of_[size_t(in)] >= 0 && segment_of_[size_t(in)] != segment_of_[l])
+        read_after_[size_t(in)] = 1;
+  saved_.resize(n);
+  moved_grads_.resize(n);
+}
+
+size_t Model::activation_bytes() {
+  size_t bytes = 0;
+  for (auto& layer : layers_) bytes += layer->activation_bytes();
+  for (const auto* v : {&saved_, &moved_grads_, &grad_sums_})
+    for (const OwnedTensor& t : *v) bytes += t.buffer.bytes();
+  return bytes;
 }
 
 void Model::apply_policy() {

@@ -4,6 +4,7 @@
 // checkpoints rely on. Built from a model file by build_model() (nn/graph_builder.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,6 +31,7 @@ struct GraphNode {
   // weight decay on this node's parameters; unset: each parameter's default (ParamSpec::decay)
   std::optional<bool> decay;
   std::map<std::string, std::string> shared;  // param -> the earlier "node.param" it is
+  int repeat_body = -1;  // the repeat-body instance it was expanded in (-1: none)
 };
 
 // What the graph executor reports per node, passed by the loop that runs it (the trainer's
@@ -139,12 +141,39 @@ class Model {
   // each node, hooks.after_backward, then hooks.grad_ready for each of its parameters.
   void backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks = {});
 
+  // Activation recomputation (--recompute blocks). The nodes of one repeat-body instance (a
+  // transformer block), a contiguous run in node order, form a segment. Forward copies the
+  // outputs of a segment that later nodes read into buffers of the executor and moves its
+  // layers' buffers (Layer::activation_buffers) to the next segment's layers; the last keeps
+  // them. Backward moves them back one segment at a time, once the gradients a segment passes
+  // to earlier nodes are copied out, and runs the segment's forward again in them
+  // (Context::recomputing; the same dropout masks, which depend on the step's seed and node
+  // name only; no hooks) before its backward. One segment's activations are held at a time,
+  // allocated once; bitwise the results without it wherever the kernels are deterministic.
+  size_t recompute_segments() const { return segments_.size(); }
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+  // The bytes the layers' buffers (Layer::activation_buffers) and the executor's hold now,
+  // and the most of them seen since reset_activation_peak() (forward and backward note them
+  // where they peak: before each segment's buffers move on, and after backward).
+  size_t activation_bytes();
+  size_t activation_peak() const { return activation_peak_; }
+  void reset_activation_peak() { activation_peak_ = 0; }
+
  private:
   Tensor flat(const Buffer& b, DType t) const {
     return Tensor(b.data(), {num_params_}, t, b.device());
   }
   void apply_policy();
   void init_sharded(uint64_t seed, kernels::Backend& backend);
+  void find_segments(const std::vector<int>& repeat_body);
+  void note_activation_peak() { activation_peak_ = std::max(activation_peak_, activation_bytes()); }
+  // Recomputation: saves segment s's outputs read after it and releases its buffers to s + 1
+  // (forward); runs its forward again (backward); copies the gradients it passed to earlier
+  // nodes out of its buffers and releases them to s - 1 (after its backward).
+  void save_and_release(Context& ctx, size_t s);
+  void recompute_segment(Context& ctx, size_t s);
+  void move_grads_and_release(Context& ctx, size_t s);
 
   std::string text_;
   Shape input_;
@@ -178,6 +207,19 @@ class Model {
   std::vector<char> has_grad_;
   std::vector<OwnedTensor> grad_sums_;
   std::vector<Tensor> dxs_;
+  // Recomputation: the segments [begin, end) in node order; per node, whether its output is
+  // read after its segment (or is the model's output); the last forward's input and whether
+  // it moved the segments' buffers; the saved outputs and the gradients copied out, per node.
+  struct Segment {
+    size_t begin = 0, end = 0;
+  };
+  std::vector<Segment> segments_;
+  std::vector<int> segment_of_;  // per node: its segment, -1 for none
+  std::vector<char> read_after_;
+  bool recompute_ = false, released_ = false;
+  Tensor forward_input_;
+  std::vector<OwnedTensor> saved_, moved_grads_;
+  size_t activation_peak_ = 0;
 };
 
 }  // namespace ringtrain

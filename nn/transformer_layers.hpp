@@ -25,6 +25,9 @@ class Embedding final : public Layer {
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&wte_c_, &wpe_c_, &y_, &dwte_, &dwpe_};
+  }
 
  private:
   int64_t vocab_, width_, context_;
@@ -46,6 +49,9 @@ class LayerNorm final : public Layer {
   void bind(std::vector<Param*> params) override;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &y_, &mean_, &rstd_, &dyc_, &dx_, &dgamma_, &dbeta_};
+  }
 
  private:
   int64_t c_;
@@ -64,6 +70,9 @@ class CausalSelfAttention final : public Layer {
   CausalSelfAttention(std::string name, int64_t heads) : Layer(std::move(name)), heads_(heads) {}
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override {
+    return {&xin_, &y_, &yout_, &lse_, &dyc_, &dx_};
+  }
 
  private:
   int64_t heads_;
@@ -77,6 +86,7 @@ class GeluTanh final : public Layer {
   using Layer::Layer;
   const Tensor& forward(Context& ctx, const Tensor& x) override;
   const Tensor& backward(Context& ctx, const Tensor& dy) override;
+  std::vector<OwnedTensor*> activation_buffers() override { return {&xin_, &y_, &dx_}; }
 
  private:
   Tensor x_;

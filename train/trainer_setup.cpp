@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -68,6 +69,7 @@ void Trainer::setup() {
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   model_ = build_model(*model_file_, cfg_.precision);
+  model_->set_recompute(cfg_.recompute == "blocks");
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
   strategy_ = make_strategy(cfg_, comm_, *backend_, *model_, observers_);
   strategy_->place_parameters();
@@ -116,6 +118,14 @@ void Trainer::setup_inputs() {
                          cat("--data '", cfg_.data, "'")));
   RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
              val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
+  if (cfg_.recompute == "blocks") {
+    const ModelPlan plan = plan_model(*model_file_);
+    const bool has_body = std::any_of(plan.nodes.begin(), plan.nodes.end(),
+                                      [](const PlannedNode& n) { return n.repeat_body >= 0; });
+    RT_REQUIRE(has_body, "--recompute blocks: model '", cfg_.model,
+               "' has no repeat body (a `repeat` node, e.g. a transformer block) whose "
+               "activations could be recomputed; use --recompute none");
+  }
 }
 
 std::pair<Shape, int64_t> Trainer::setup_data() {

@@ -86,6 +86,12 @@ void Concat::backward_inputs(Context& ctx, const Tensor& dy, std::vector<Tensor>
   }
 }
 
+std::vector<OwnedTensor*> Concat::activation_buffers() {
+  std::vector<OwnedTensor*> out{&y_};
+  for (auto& d : dx_) out.push_back(&d);
+  return out;
+}
+
 // ---- registration ----------------------------------------------------------------------
 
 namespace {

@@ -38,8 +38,17 @@ const Tensor& BatchNorm2D::forward(Context& ctx, const Tensor& x) {
   training_ = ctx.training;
   x_ = in_dtype(ctx, x, xin_);
   Tensor& y = y_.ensure(x.shape, out_dtype(ctx));
-  ctx.backend.batchnorm_forward(cfg_, training_, x_, gamma_->master, beta_->master,
-                                running_mean_->value, running_var_->value, y,
+  Tensor mean = running_mean_->value, var = running_var_->value;
+  if (ctx.recomputing && training_) {
+    // The running averages were updated by this step's first forward; the recomputation
+    // updates a copy, so they move once per step as without it.
+    Tensor& copy = running_copy_.ensure({2, c_}, DType::f32);
+    mean = copy.slice(0, {c_});
+    var = copy.slice(c_, {c_});
+    ctx.backend.cast(running_mean_->value, mean);
+    ctx.backend.cast(running_var_->value, var);
+  }
+  ctx.backend.batchnorm_forward(cfg_, training_, x_, gamma_->master, beta_->master, mean, var, y,
                                 mean_.ensure({c_}, DType::f32), invstd_.ensure({c_}, DType::f32));
   return y;
 }
