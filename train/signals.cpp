@@ -34,6 +34,9 @@ int install_dump_handler() {
 void install_stop_handlers() {
   struct sigaction sa = {};
   sa.sa_handler = on_stop;
+  // Blocking calls in the libraries every thread is in (MPI's progress, HDF5, the loader's
+  // reads, OpenMP's waits) restart after the handler instead of failing with EINTR.
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGUSR1, SIGTERM, SIGINT}) sigaction(sig, &sa, nullptr);
 }
