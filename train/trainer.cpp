@@ -235,9 +235,10 @@ void Trainer::save_checkpoint(bool wait) {
   if (async_ckpt_) {
     // At most one save in flight: a due save first waits for the previous one, whose record
     // is written before this one starts.
-    async_waited_s_ = async_ckpt_->wait();
-    report_finished_save();
+    const double waited = async_ckpt_->wait();
+    report_finished_save();  // the previous save's record, with its own waited_s
     async_ckpt_->start(m, checkpoint_state());
+    async_waited_s_ = waited;
     async_blocking_s_ = std::chrono::duration<double>(Clock::now() - t_ckpt).count();
     last_saved_step_ = step_;
     last_save_time_ = Clock::now();
