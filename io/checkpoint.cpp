@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 #include <fstream>
 #include <regex>
 
+#include "core/env.hpp"
 #include "io/checkpoint_schema.hpp"
+#include "io/fletcher32.hpp"
 #include "io/hdf5.hpp"
 #include "io/meta_checksum.hpp"
 #include "io/stats_check.hpp"
@@ -106,15 +109,92 @@ void require_finite_for_save(const CheckpointMeta& meta, const std::vector<Named
 
 namespace {
 
+// Reads a whole fp32 dataset stored as the writer stores it (checkpoint_writer.cpp: chunks of
+// whole rows along dim 0, Fletcher32 the only filter, every chunk allocated and unfiltered
+// past the checksum) with one pread per chunk, verifying each chunk's Fletcher32 with
+// io::fletcher32: the same check HDF5's filter makes, without its copy of every chunk and
+// its scalar checksum loop. False (nothing read) for any other layout, which H5Dread reads.
+// A chunk whose checksum does not match is an input error naming the dataset and chunk.
+bool read_chunks_direct(hid_t f, int fd, const std::string& name, const Tensor& t,
+                        const std::string& what) {
+  if (fd < 0 || t.dtype != DType::f32 || t.numel() == 0 || !has_link(f, name)) return false;
+  H5Id ds(H5Dopen2(f, name.c_str(), H5P_DEFAULT));
+  if (ds.get() < 0) return false;
+  H5Id type(H5Dget_type(ds)), space(H5Dget_space(ds)), dcpl(H5Dget_create_plist(ds));
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 1 || H5Tequal(type, H5T_IEEE_F32LE) <= 0 || H5Pget_layout(dcpl) != H5D_CHUNKED ||
+      H5Pget_nfilters(dcpl) != 1)
+    return false;
+  unsigned flags = 0;
+  size_t nvalues = 0;
+  if (H5Pget_filter2(dcpl, 0, &flags, &nvalues, nullptr, 0, nullptr, nullptr) !=
+      H5Z_FILTER_FLETCHER32)
+    return false;
+  std::vector<hsize_t> dims(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  if (H5Pget_chunk(dcpl, rank, chunk.data()) != rank || Shape(dims.begin(), dims.end()) != t.shape)
+    return false;
+  for (int k = 1; k < rank; ++k)
+    if (chunk[size_t(k)] != dims[size_t(k)]) return false;
+  const size_t row_bytes = t.bytes() / dims[0], chunk_bytes = size_t(chunk[0]) * row_bytes;
+  const hsize_t nchunks = (dims[0] + chunk[0] - 1) / chunk[0];
+  hsize_t stored_chunks = 0;
+  if (H5Dget_num_chunks(ds, space, &stored_chunks) < 0 || stored_chunks != nchunks) return false;
+  // Every chunk's address first: a layout that differs anywhere is read by HDF5 instead.
+  std::vector<haddr_t> addr(nchunks);
+  std::vector<hsize_t> offset(size_t(rank), 0);
+  for (hsize_t c = 0; c < nchunks; ++c) {
+    offset[0] = c * chunk[0];
+    unsigned mask = 0;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(ds, offset.data(), &mask, &addr[c], &size) < 0 ||
+        addr[c] == HADDR_UNDEF || mask != 0 || size != chunk_bytes + 4)
+      return false;
+  }
+  std::vector<unsigned char> edge;
+  auto* base = static_cast<unsigned char*>(t.data);
+  for (hsize_t c = 0; c < nchunks; ++c) {
+    const size_t have = size_t(std::min(chunk[0], dims[0] - c * chunk[0])) * row_bytes;
+    unsigned char* dst = base + c * chunk_bytes;
+    if (have < chunk_bytes) {  // the last chunk, stored whole: read it aside
+      edge.resize(chunk_bytes);
+      dst = edge.data();
+    }
+    unsigned char sum[4];
+    size_t done = 0;
+    while (done < chunk_bytes + 4) {
+      // Whatever is left of the two pieces, from where the last read stopped.
+      iovec rest[2];
+      int n = 0;
+      if (done < chunk_bytes) rest[n++] = iovec{dst + done, chunk_bytes - done};
+      const size_t sum_done = done > chunk_bytes ? done - chunk_bytes : 0;
+      rest[n++] = iovec{sum + sum_done, 4 - sum_done};
+      const ssize_t got = ::preadv(fd, rest, n, off_t(addr[c] + done));
+      if (got < 0 && errno == EINTR) continue;
+      RT_REQUIRE(got > 0, what, ": dataset '", name, "' could not be read (chunk ", c, ": ",
+                 got < 0 ? std::strerror(errno) : "the file ends inside it",
+                 "); the file may be corrupt");
+      done += size_t(got);
+    }
+    const uint32_t stored =
+        uint32_t(sum[0]) | uint32_t(sum[1]) << 8 | uint32_t(sum[2]) << 16 | uint32_t(sum[3]) << 24;
+    RT_REQUIRE(fletcher32(dst, chunk_bytes) == stored, what, ": dataset '", name,
+               "' could not be read (chunk ", c,
+               " fails its Fletcher32 checksum); the file may be corrupt");
+    if (dst != base + c * chunk_bytes) std::memcpy(base + c * chunk_bytes, dst, have);
+  }
+  return true;
+}
+
 // Reads the fp32 dataset `name` into t and rejects impossible values (input error naming
-// the file and the tensor).
-void read_checked(hid_t f, const std::string& path, const std::string& name,
+// the file and the tensor). `fd`: the file opened for read_chunks_direct, or -1.
+void read_checked(hid_t f, int fd, const std::string& path, const std::string& name,
                   const NamedTensor& nt) {
   const std::string what = cat("checkpoint '", path, "'");
   const Tensor& t = nt.tensor;
-  if (nt.full_shape.empty())
-    read_dataset(f, name, t, what);
-  else
+  if (nt.full_shape.empty()) {
+    if (!read_chunks_direct(f, fd, name, t, what)) read_dataset(f, name, t, what);
+  } else
     read_dataset_part(f, name, nt.full_shape, nt.part_offset, t, what);
   const std::string bad = impossible_values(name, static_cast<const float*>(t.data), t.numel());
   RT_REQUIRE(bad.empty(), what, " is damaged: ", bad);
@@ -122,24 +202,42 @@ void read_checked(hid_t f, const std::string& path, const std::string& name,
 
 }  // namespace
 
+namespace {
+// The checkpoint opened for direct chunk reads (-1 with RINGTRAIN_CHECKPOINT_DIRECT=0, or
+// when it cannot be opened: then HDF5 reads everything).
+struct DirectFd {
+  explicit DirectFd(const std::string& path)
+      : fd(env::checkpoint_direct() ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1) {}
+  ~DirectFd() {
+    if (fd >= 0) ::close(fd);
+  }
+  DirectFd(const DirectFd&) = delete;
+  DirectFd& operator=(const DirectFd&) = delete;
+  int fd;
+};
+}  // namespace
+
 void read_checkpoint_params(const std::string& path, const std::vector<NamedTensor>& params) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& p : params) read_checked(f, path, "params/" + p.name, p);
+  DirectFd direct(path);
+  for (const auto& p : params) read_checked(f, direct.fd, path, "params/" + p.name, p);
 }
 
 void read_checkpoint_buffers(const std::string& path, const std::vector<NamedTensor>& buffers) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
-  for (const auto& b : buffers) read_checked(f, path, "buffers/" + b.name, b);
+  DirectFd direct(path);
+  for (const auto& b : buffers) read_checked(f, direct.fd, path, "buffers/" + b.name, b);
 }
 
 void read_checkpoint_optimizer(const std::string& path, const std::vector<OptimizerState>& states) {
   H5Lock lock;
   H5Id f = open_file_readonly(path, "checkpoint");
+  DirectFd direct(path);
   for (const auto& s : states)
     for (const auto& p : s.per_param)
-      read_checked(f, path, "optimizer/" + p.name + "/" + s.state, p);
+      read_checked(f, direct.fd, path, "optimizer/" + p.name + "/" + s.state, p);
 }
 
 namespace {

@@ -35,9 +35,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "core/env.hpp"
 #include "core/fault_injection.hpp"
@@ -100,6 +102,7 @@ class Writer {
   // own writes). A failure is recorded (failure()), not thrown.
   void finish() {
     if (fd_ < 0) return;
+    H5Unlock no_hdf5_here;
     if (direct_chunks_ > 0 && failure_.empty() && ::fdatasync(fd_) != 0)
       failure_ = cat("fdatasync '", path_, "': ", std::strerror(errno));
     if (::close(fd_) != 0 && failure_.empty())
@@ -192,6 +195,7 @@ class Writer {
         // HDF5 filled every chunk when it allocated them (it always does for a filtered
         // dataset, each rank writing some chunks' fill); only after every rank's share of
         // that has been written may a rank overwrite its chunks with the data.
+        H5Unlock no_hdf5_here;  // the wait and the data writes make no HDF5 call
         if (comm_ != MPI_COMM_NULL) IO_MPI_CHECK(MPI_Barrier(comm_));
         return write_chunks(name, t, dims[0], chunk_rows, row_bytes, lo, hi, addr);
       }
@@ -363,8 +367,8 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                                const std::vector<OptimizerState>& optimizer,
                                const std::vector<NamedTensor>& per_rank,
                                const std::vector<NamedTensor>& buffers) {
-  require_finite_for_save(m, params, optimizer, buffers);  // before any file is created
-  H5Lock lock;
+  require_finite_for_save(m, params, optimizer, buffers);     // before any file is created
+  std::unique_lock<std::recursive_mutex> hdf5(hdf5_mutex());  // H5Lock, released to commit
   direct_chunks_ = 0;
   int rank = 0, size = 1;
   if (comm != MPI_COMM_NULL) {
@@ -407,6 +411,10 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
         w.sharded(f, "params/" + p.name, p);
     }
     maybe_inject_fault("save", m.step);  // between collective writes
+    if (const int64_t ms = env::test_save_delay_ms(); ms > 0) {
+      H5Unlock no_hdf5_here;
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
     if (!buffers.empty()) create_group(f, "buffers");
     for (const auto& b : buffers) w.replicated(f, "buffers/" + b.name, b.tensor);
     H5Id og(H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT)));
@@ -455,6 +463,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   if (!failure.empty()) fail_agreed(failure);
 
   // Rank 0 commits the file; the others wait for the outcome, so that all end alike.
+  hdf5.unlock();  // no HDF5 call from here on
   uint64_t bytes = 0;
   std::string commit_failure;
   if (rank == 0) {

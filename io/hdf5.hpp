@@ -29,6 +29,15 @@ std::recursive_mutex& hdf5_mutex();
 struct H5Lock {
   std::lock_guard<std::recursive_mutex> guard{hdf5_mutex()};
 };
+// Lets go of the lock this thread holds (through one H5Lock) for a stretch without HDF5 calls:
+// a collective wait or plain writes of a checkpoint save, so that the loader's thread can read
+// meanwhile while a save runs in the background (--async-checkpoint). Taken again at the end.
+struct H5Unlock {
+  H5Unlock() { hdf5_mutex().unlock(); }
+  ~H5Unlock() { hdf5_mutex().lock(); }
+  H5Unlock(const H5Unlock&) = delete;
+  H5Unlock& operator=(const H5Unlock&) = delete;
+};
 
 #define H5_CHECK(stmt)                                                             \
   ([&] {                                                                           \

@@ -147,6 +147,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("checkpoint-every", value_or_default(&c.checkpoint_every), "also save every N steps (0: only at the end)")
       ("checkpoint-secs", value_or_default(&c.checkpoint_secs), "also save every S seconds (0: off)")
       ("keep", value_or_default(&c.keep), "checkpoints to keep")
+      ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "copy the state at the save's step and write the checkpoint in the background while training continues (the same file; at most one save in flight)")
       ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy: also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir");
@@ -322,6 +323,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   const bool ckpt_opts = c.checkpoint_every > 0 || c.checkpoint_secs > 0;
   RT_REQUIRE(!ckpt_opts || !c.checkpoint_dir.empty(),
              "--checkpoint-every/--checkpoint-secs need --checkpoint-dir");
+  RT_REQUIRE(!c.async_checkpoint || !c.checkpoint_dir.empty(),
+             "--async-checkpoint needs --checkpoint-dir");
   RT_REQUIRE(c.resume == "auto" || c.resume == "never" || !c.resume.empty(),
              "--resume must be auto, never or a checkpoint file");
   c.config_ini = config_text(desc, vm);

@@ -50,6 +50,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
+  bool async_checkpoint = false;  // saves written by a background thread (async_checkpoint.hpp)
   int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
   std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
   int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)

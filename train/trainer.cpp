@@ -194,59 +194,107 @@ StepRecord Trainer::step_once() {
   return r;
 }
 
-void Trainer::save_checkpoint() {
+io::CheckpointMeta Trainer::checkpoint_meta() const {
+  io::CheckpointMeta m;
+  m.step = step_;
+  m.epoch = loader_->epoch();
+  m.samples_seen = samples_seen_;
+  m.world_size = comm_.size();
+  m.global_batch = global_batch_;
+  m.precision = dtype_name(cfg_.precision);
+  m.model = model_->text();
+  m.ringtrain_version = RINGTRAIN_VERSION;
+  m.plugins = plugins_;
+  m.data_epoch = loader_->epoch();
+  m.data_position = loader_->position();
+  m.loss_scale = scaler_->scale();
+  m.growth_tracker = scaler_->growth_tracker();
+  m.optimizer = optimizer_->name();
+  m.optimizer_step = optimizer_->steps();
+  m.seed = int64_t(cfg_.seed);
+  if (data_) {  // token ids take no normalisation
+    const auto& info = data_->info();
+    m.input_mean = info.has_norm ? info.mean : 0.0;
+    m.input_std = info.has_norm ? info.std : 1.0;
+    m.input_channel_mean = info.channel_mean;
+    m.input_channel_std = info.channel_std;
+  }
+  m.grad_accum = grad_accum_;
+  m.best_value = best_value_;
+  m.best_step = best_step_;
+  m.evals_since_best = evals_since_best_;
+  return m;
+}
+
+AsyncCheckpointer::State Trainer::checkpoint_state() const {
+  if (host_) return {host_->params, host_->optimizer, host_->buffers};  // cuda: host copies
+  return {strategy_->param_views(), strategy_->optimizer_views(), buffer_views(*model_)};
+}
+
+void Trainer::save_checkpoint(bool wait) {
   finish_weight_gather();
-  if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) return;
+  if (cfg_.checkpoint_dir.empty() || last_saved_step_ == step_) {
+    if (wait && async_ckpt_) {
+      async_ckpt_->wait();
+      report_finished_save();
+    }
+    return;
+  }
   observers_.before(Phase::checkpoint, step_);
   const auto t_ckpt = Clock::now();
-  {  // collective: every rank writes its share (an error ends the job: run_or_fail)
-    const auto t0 = Clock::now();
-    io::CheckpointMeta m;
-    m.step = step_;
-    m.epoch = loader_->epoch();
-    m.samples_seen = samples_seen_;
-    m.world_size = comm_.size();
-    m.global_batch = global_batch_;
-    m.precision = dtype_name(cfg_.precision);
-    m.model = model_->text();
-    m.ringtrain_version = RINGTRAIN_VERSION;
-    m.plugins = plugins_;
-    m.data_epoch = loader_->epoch();
-    m.data_position = loader_->position();
-    m.loss_scale = scaler_->scale();
-    m.growth_tracker = scaler_->growth_tracker();
-    m.optimizer = optimizer_->name();
-    m.optimizer_step = optimizer_->steps();
-    m.seed = int64_t(cfg_.seed);
-    if (data_) {  // token ids take no normalisation
-      const auto& info = data_->info();
-      m.input_mean = info.has_norm ? info.mean : 0.0;
-      m.input_std = info.has_norm ? info.std : 1.0;
-      m.input_channel_mean = info.channel_mean;
-      m.input_channel_std = info.channel_std;
+  // Collective: every rank writes its share (an error ends the job: run_or_fail, or the
+  // background writer's fail_job).
+  const io::CheckpointMeta m = checkpoint_meta();
+  sync_buffers();
+  if (host_) host_->download();  // cuda: the store writes host memory
+  if (async_ckpt_) {
+    // At most one save in flight: a due save first waits for the previous one, whose record
+    // is written before this one starts.
+    const double waited = async_ckpt_->wait();
+    report_finished_save();  // the previous save's record, with its own waited_s
+    async_ckpt_->start(m, checkpoint_state());
+    async_waited_s_ = waited;
+    async_blocking_s_ = std::chrono::duration<double>(Clock::now() - t_ckpt).count();
+    last_saved_step_ = step_;
+    last_save_time_ = Clock::now();
+    observers_.after(Phase::checkpoint, step_, t_ckpt, last_save_time_);
+    if (wait) {
+      async_ckpt_->wait();
+      report_finished_save();
     }
-    m.grad_accum = grad_accum_;
-    m.best_value = best_value_;
-    m.best_step = best_step_;
-    m.evals_since_best = evals_since_best_;
-    sync_buffers();
-    if (host_) host_->download();  // cuda: the store writes host memory
-    const uint64_t bytes =
-        host_ ? store_->save(comm_.mpi(), m, host_->params, host_->optimizer, {}, host_->buffers)
-              : store_->save(comm_.mpi(), m, strategy_->param_views(), strategy_->optimizer_views(),
-                             {}, buffer_views(*model_));
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (comm_.rank() == 0)
-      metrics_.write(JsonLine()
-                         .add("type", "checkpoint")
-                         .add("step", step_)
-                         .add("path", store_->path_for(step_))
-                         .add("seconds", secs)
-                         .add("bytes", int64_t(bytes)));
+    return;
   }
+  const AsyncCheckpointer::State state = checkpoint_state();
+  const uint64_t bytes =
+      store_->save(comm_.mpi(), m, state.params, state.optimizer, {}, state.buffers);
+  const double secs = std::chrono::duration<double>(Clock::now() - t_ckpt).count();
+  if (comm_.rank() == 0)
+    metrics_.write(JsonLine()
+                       .add("type", "checkpoint")
+                       .add("step", step_)
+                       .add("path", store_->path_for(step_))
+                       .add("seconds", secs)
+                       .add("bytes", int64_t(bytes))
+                       .add("blocking_s", secs)
+                       .add("async", false));
   last_saved_step_ = step_;
   last_save_time_ = Clock::now();
   observers_.after(Phase::checkpoint, step_, t_ckpt, last_save_time_);
+}
+
+void Trainer::report_finished_save() {
+  if (!async_ckpt_) return;
+  const auto done = async_ckpt_->take_finished();
+  if (!done || comm_.rank() != 0) return;
+  metrics_.write(JsonLine()
+                     .add("type", "checkpoint")
+                     .add("step", done->step)
+                     .add("path", store_->path_for(done->step))
+                     .add("seconds", done->seconds)
+                     .add("bytes", int64_t(done->bytes))
+                     .add("blocking_s", async_blocking_s_)
+                     .add("waited_s", async_waited_s_)
+                     .add("async", true));
 }
 
 bool Trainer::run_eval() {
@@ -307,7 +355,10 @@ int Trainer::run() {
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",
           device_.kind == Device::cpu ? cat("; ", kernels::describe_cpu_gemm()) : std::string(),
-          "; ", strategy_->memory_report()));
+          "; ", strategy_->memory_report(),
+          async_ckpt_
+              ? cat("; async checkpoint staging ", int64_t(async_ckpt_->staging_bytes()), " B")
+              : std::string()));
   const std::string data_line =
       tokens_
           ? cat("data '", tokens_->info().path, "': ", tokens_->info().num_tokens,
@@ -328,6 +379,7 @@ int Trainer::run() {
   while (step_ < total_steps_) {
     const StepRecord out = step_once();
     observers_.end_step(out);  // histograms, the --log-every window's line and records
+    report_finished_save();    // a background save that finished during the step
     if (out.stop) {            // a rank got a stop signal: all stop here, at the same step
       finish_weight_gather();
       if (cfg_.checkpoint_dir.empty()) {
@@ -336,7 +388,7 @@ int Trainer::run() {
                                               "; nothing was saved (no --checkpoint-dir)"));
         });
       }
-      save_checkpoint();
+      save_checkpoint(/*wait=*/true);  // after the save in flight, if any
       finish_timeline();
       announce_stop();
       end_run("signal", 75);
@@ -352,7 +404,7 @@ int Trainer::run() {
   const bool stopped_early = stop_early_;  // not the final evaluation's verdict
   finish_weight_gather();
   if (last_eval_step_ != step_) run_eval();
-  save_checkpoint();
+  save_checkpoint(/*wait=*/true);
   if (stopped_early)
     say(cat(
         "early stop at step ", step_, ": ", cfg_.early_stop, " evaluations without improvement of ",

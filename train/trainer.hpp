@@ -18,6 +18,7 @@
 #include "nn/model_file.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
+#include "train/async_checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/console.hpp"
 #include "train/device.hpp"
@@ -128,7 +129,14 @@ class Trainer {
   // to continue) and its stop record; `reason` as the stop record names it.
   void end_run(const char* reason, int code);
   void write_tensorboard_config();  // hparams and the config as text
-  void save_checkpoint();
+  // Saves this step (collective; nothing when it is saved already). With --async-checkpoint the
+  // state is staged and written in the background; `wait` then also waits for the write
+  // (a run's last save, a stop, --keep-best's copy).
+  void save_checkpoint(bool wait = false);
+  io::CheckpointMeta checkpoint_meta() const;         // of this step
+  AsyncCheckpointer::State checkpoint_state() const;  // views of what a save writes
+  // The checkpoint record of a background save that has finished, if any (rank 0 writes it).
+  void report_finished_save();
   bool run_eval();      // false without --val-data
   void sync_buffers();  // rank 0's non-trainable state (BatchNorm running averages) to all
   void say(const std::string& line) { console_.say(line); }  // rank 0, stdout
@@ -150,6 +158,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<io::CheckpointStore> store_;
+  std::unique_ptr<AsyncCheckpointer> async_ckpt_;  // --async-checkpoint (destroyed before store_)
+  double async_blocking_s_ = 0, async_waited_s_ = 0;  // of the save in flight, for its record
   std::unique_ptr<comm::GradReducer> reducer_;
   // Where parameters, gradients and optimizer state live and how they move (strategy.hpp).
   std::unique_ptr<ParallelStrategy> strategy_;

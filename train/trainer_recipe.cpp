@@ -65,7 +65,7 @@ void Trainer::track_best(double loss, double accuracy) {
 }
 
 void Trainer::save_best(const std::string& metric, double value) {
-  save_checkpoint();  // collective; nothing when this step is already saved
+  save_checkpoint(/*wait=*/true);  // collective; the file complete before it is copied
   maybe_inject_fault("best", step_);
   if (comm_.rank() != 0) return;
   // A copy (not a link, so that its attributes are its own), written as best.h5.tmp,
@@ -120,7 +120,9 @@ void Trainer::write_start_record() {
                      .add("ringtrain_version", RINGTRAIN_VERSION)
                      .add("git_commit", RINGTRAIN_GIT_COMMIT)
                      .add("versions", versions)
-                     .add("config", config));
+                     .add("config", config)
+                     .add("async_checkpoint_staging_bytes",
+                          int64_t(async_ckpt_ ? async_ckpt_->staging_bytes() : 0)));
   if (resumed_) metrics_.write(resume_line_);
 }
 

@@ -170,6 +170,7 @@ void Trainer::start_from(const std::string& path) {
              "' continues global batch ", g, "; use --batch-size ", g / (comm_.size() * k),
              ", drop --batch-size, or give --global-batch-size to change it");
   make_loader(g, k);
+  const auto t_load = Clock::now();
   if (host_) {  // cuda: read into host copies, then upload
     io::read_checkpoint_params(path, host_->params);
     io::read_checkpoint_buffers(path, host_->buffers);
@@ -180,6 +181,7 @@ void Trainer::start_from(const std::string& path) {
     io::read_checkpoint_buffers(path, buffer_views(*model_));
     io::read_checkpoint_optimizer(path, strategy_->optimizer_views());
   }
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   optimizer_->set_steps(m.optimizer_step);
   // The loss scale belongs to the precision it was found in: another precision starts anew.
   if (m.precision == dtype_name(cfg_.precision))
@@ -209,7 +211,9 @@ void Trainer::start_from(const std::string& path) {
                      .add("global_batch", g)
                      .add("saved_grad_accum", m.grad_accum)
                      .add("grad_accum", k)
-                     .add("micro_batch", micro_batch_);
+                     .add("micro_batch", micro_batch_)
+                     .add("load_s", load_s)
+                     .add("bytes", int64_t(fs::file_size(path)));
 }
 
 }  // namespace ringtrain::launch

@@ -39,6 +39,10 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   strategy_->start_weights(!path.empty());  // collective
   if (path.empty()) sync_buffers();
   add_observers();
+  if (store_ && cfg_.async_checkpoint) {
+    run_and_agree(comm_, [] { AsyncCheckpointer::require_supported(); });
+    async_ckpt_ = std::make_unique<AsyncCheckpointer>(*store_, comm_.mpi(), checkpoint_state());
+  }
 }
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm, InputsOnly)

@@ -426,6 +426,74 @@ TEST_F(IoTest, DirectChunkWritesStoreTheBytesOfHdf5sFilter) {
   EXPECT_TRUE(back == a);
 }
 
+// A checkpoint's whole datasets are read back with one preadv per chunk and ringtrain's
+// Fletcher32 check (read_chunks_direct): the values equal HDF5's read of the same file (a
+// short last chunk included), and a flipped bit in a chunk is an input error naming the
+// dataset and the chunk, as HDF5's own check (RINGTRAIN_CHECKPOINT_DIRECT=0) refuses it.
+TEST_F(IoTest, DirectChunkReadsVerifyFletcher32) {
+  std::vector<float> a(3000 * 700), m(3000 * 700);
+  uint64_t s = 5;
+  for (auto* v : {&a, &m})
+    for (auto& x : *v) x = float(int64_t(splitmix64(s) % 20001) - 10000) / 997.f;
+  CheckpointMeta meta;
+  meta.model = "{}";
+  meta.precision = "fp32";
+  meta.ringtrain_version = "test";
+  meta.optimizer = "sgd";
+  meta.step = 1;
+  CheckpointStore store(path("read"), 1);
+  store.save(MPI_COMM_NULL, meta, {{"a", Tensor(a.data(), {3000, 700}, DType::f32)}},
+             {{"momentum", {{"a", Tensor(m.data(), {3000, 700}, DType::f32)}}}});
+  const std::string file = store.list().back();
+  std::vector<float> back(a.size()), back_m(m.size());
+  const std::vector<NamedTensor> into = {{"a", Tensor(back.data(), {3000, 700}, DType::f32)}};
+  const std::vector<OptimizerState> into_m = {
+      {"momentum", {{"a", Tensor(back_m.data(), {3000, 700}, DType::f32)}}}};
+  for (const char* direct : {"1", "0"}) {
+    setenv("RINGTRAIN_CHECKPOINT_DIRECT", direct, 1);
+    std::fill(back.begin(), back.end(), 0.f);
+    std::fill(back_m.begin(), back_m.end(), 0.f);
+    read_checkpoint_params(file, into);
+    read_checkpoint_optimizer(file, into_m);
+    EXPECT_TRUE(back == a) << "RINGTRAIN_CHECKPOINT_DIRECT=" << direct;
+    EXPECT_TRUE(back_m == m) << "RINGTRAIN_CHECKPOINT_DIRECT=" << direct;
+  }
+  // One bit of the last (short) chunk of params/a flipped, where its data lies.
+  haddr_t addr = 0;
+  {
+    H5Id f = open_file_readonly(file, "checkpoint");
+    H5Id ds(H5Dopen2(f, "params/a", H5P_DEFAULT));
+    hsize_t off[2] = {2672, 0}, size = 0;  // 8 chunks of 334 rows before it
+    unsigned mask = 0;
+    ASSERT_GE(H5Dget_chunk_info_by_coord(ds, off, &mask, &addr, &size), 0);
+  }
+  {
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(std::streamoff(addr + 1000));
+    char c = 0;
+    io.read(&c, 1);
+    c ^= 0x10;
+    io.seekp(std::streamoff(addr + 1000));
+    io.write(&c, 1);
+  }
+  auto expect_refused = [&](const std::string& want) {
+    try {
+      read_checkpoint_params(file, into);
+      ADD_FAILURE() << "no error; expected one naming '" << want << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::input) << e.what();
+      for (const std::string& w : {file, want})
+        EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
+            << "missing '" << w << "' in: " << e.what();
+    }
+  };
+  unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+  expect_refused("dataset 'params/a' could not be read (chunk 8 fails its Fletcher32 checksum)");
+  setenv("RINGTRAIN_CHECKPOINT_DIRECT", "0", 1);
+  expect_refused("dataset 'params/a' could not be read");
+  unsetenv("RINGTRAIN_CHECKPOINT_DIRECT");
+}
+
 }  // namespace
 }  // namespace ringtrain::io
 
