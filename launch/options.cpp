@@ -14,6 +14,7 @@
 #include "launch/options.hpp"
 #include "nn/model_file.hpp"
 #include "ringtrain/model.pb.h"
+#include "train/memory_plan.hpp"
 #include "train/timeline.hpp"
 
 namespace ringtrain::launch {
@@ -160,6 +161,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("zero", value_or_default(&c.zero), "0 | 1: ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather)")
+      ("memory-budget", po::value(&c.memory_budget), "BYTES[K|M|G|T] | auto: refuse to start when the memory plan of a rank exceeds this (auto: the cgroup's or address-space limit, or physical memory, shared by the node's ranks; on a GPU its memory)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -281,6 +283,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   }
   c.overlap = !no_overlap;
   RT_REQUIRE(c.zero == 0 || c.zero == 1, "--zero ", c.zero, " is not valid; expected 0 or 1");
+  if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");

@@ -10,6 +10,7 @@ namespace ringtrain {
 
 const Tensor& Model::forward(Context& ctx, const Tensor& x, const LayerHooks& hooks) {
   RT_CHECK(!layers_.empty(), "a model without nodes");
+  MemoryScope in(MemCategory::activations);  // but what layers charge elsewhere (layer.cpp)
   outs_.assign(layers_.size(), nullptr);
   const bool label = master_.device().kind != Device::cpu;  // out-of-memory messages
   std::vector<const Tensor*> xs;
@@ -27,6 +28,7 @@ const Tensor& Model::forward(Context& ctx, const Tensor& x, const LayerHooks& ho
 
 void Model::backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks) {
   const size_t n = layers_.size();
+  MemoryScope in(MemCategory::activations);
   grads_.assign(n, Tensor());
   has_grad_.assign(n, 0);
   grad_sums_.resize(n);
