@@ -161,12 +161,15 @@ MemoryPlan plan_memory(const PlanModel& m, const PlanSettings& s) {
   const int64_t d = size_of(cd), w = size_of(s.wire);
   const bool mixed = cd != DType::f32, wire_buffer = s.wire != cd;
 
-  add(C::masters, 4 * shard + 4 * m.state);
+  // fp32 at --zero 1/2: one fp32 buffer is the shard of the masters and the all-gathered
+  // rest of the weights (as allocated: one buffer, one category, masters).
+  const bool whole_fp32 = !mixed && (s.zero == 1 || s.zero == 2);
+  add(C::masters, 4 * (whole_fp32 ? p : shard) + 4 * m.state);
   add(C::optimizer, 4 * int64_t(s.optimizer_states) * shard);
   if (s.zero == 0)
     add(C::working, mixed ? d * p : 0);
   else if (s.zero < 3)
-    add(C::working, mixed ? d * p + 4 * f : 4 * (p - shard));
+    add(C::working, mixed ? d * p + 4 * f : 0);
   else
     add(C::working, mixed ? d * shard + 4 * f : 0);
 

@@ -13,7 +13,8 @@
 //   masters     4P                4S                  4S                  4S
 //   optimizer   4kP               4kS                 4kS                 4kS
 //   working     dP (0 in fp32)    dP + 4F             dP + 4F             dS + 4F
-//               fp32: 4(P - S) at --zero 1/2, 0 at --zero 3
+//               (fp32 at --zero 1/2: masters 4P, working 0: one buffer holds the shard of
+//               the masters and the all-gathered rest of the weights; fp32 --zero 3: 0)
 //   gathered    0                 0                   0                   2dU
 //   gradients   dP + [4P] + [wP]  dP + [4S] + [wP]    2dB + wS + [4S] + [2wB]  (same)
 //
