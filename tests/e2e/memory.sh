@@ -24,7 +24,7 @@ $PY -c "import sys; s, p = $state, $params; r = s * 512 / p; sys.exit(0 if abs(r
   fail "masters + optimizer x 512 ranks is not 12 bytes per parameter: $state B, $params parameters"
 pass "model show --plan: GPT-2 1.5B at 512 ranks, --zero 3: masters + optimizer state = 12P/W"
 rc=0
-err=$("$BIN" model show cnn --plan --recompute blocks 2>&1) || rc=$?
+err=$("$BIN" model show cnn --input 1,28,28 --plan --recompute blocks 2>&1) || rc=$?
 [[ $rc -eq 1 ]] && contains "--recompute blocks: model 'cnn' has no repeat body" <<<"$err" ||
   fail "--recompute blocks on the CNN: exit $rc: $err"
 pass "model show --plan --recompute blocks on a model without repeats: exit 1"
@@ -69,7 +69,8 @@ check() { # EXPECTED-SUBSTRING COMMAND...: the command exits 1 with one such mes
     { cat "$dir/err"; fail "'$*': the message does not say '$want'"; }
   pass "$(grep '^ringtrain: error:' "$dir/err" | cut -c1-400)"
 }
-check "would fit with --zero 1" mpi 2 "$BIN" train "${args[@]}" --memory-budget 2700K
+check "It would fit with --zero 1 (" mpi 2 "$BIN" train "${args[@]}" --memory-budget 3000K
+check "It would fit with --zero 1 on 5 ranks" mpi 2 "$BIN" train "${args[@]}" --memory-budget 2700K
 check "It fits at no --zero stage" mpi 2 "$BIN" train "${args[@]}" --memory-budget 100K
 check "--memory-budget 'lots' is not valid" mpi 2 "$BIN" train "${args[@]}" --memory-budget lots
 # Only rank 1's check fails (its --config gives it the smaller budget).
