@@ -69,7 +69,7 @@ check() { # EXPECTED-SUBSTRING COMMAND...: the command exits 1 with one such mes
     { cat "$dir/err"; fail "'$*': the message does not say '$want'"; }
   pass "$(grep '^ringtrain: error:' "$dir/err" | cut -c1-400)"
 }
-check "It would fit with --zero 1 (" mpi 2 "$BIN" train "${args[@]}" --memory-budget 3000K
+check "It would fit with --zero 1 (" mpi 2 "$BIN" train "${args[@]}" --memory-budget 3500K
 check "It would fit with --zero 1 on 5 ranks" mpi 2 "$BIN" train "${args[@]}" --memory-budget 2700K
 check "It fits at no --zero stage" mpi 2 "$BIN" train "${args[@]}" --memory-budget 100K
 check "--memory-budget 'lots' is not valid" mpi 2 "$BIN" train "${args[@]}" --memory-budget lots
