@@ -10,6 +10,7 @@
 #include "comm/flight_recorder.hpp"
 #include "core/error.hpp"
 #include "core/fault_injection.hpp"
+#include "core/memory_stats.hpp"
 #include "kernels/kernels.hpp"
 
 namespace ringtrain::comm {
@@ -133,6 +134,7 @@ Tensor GradReducer::bucket_grad(size_t b) {
       live_bytes_ += int64_t(gbytes + wbytes);
       peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     }
+    MemoryScope in(MemCategory::gradients);  // not the activations of the backward running
     bucket_buf_[b] = Buffer(gbytes, grad_.device);
     if (wbytes > 0) wire_buf_[b] = Buffer(wbytes, grad_.device);
   }

@@ -54,11 +54,17 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
       .copy(dst, dst_device, src, src_device, bytes);
 }
 
+Buffer::Buffer(size_t bytes, Device device, MemCategory category) : Buffer() {
+  MemoryScope in(category);
+  *this = Buffer(bytes, device);
+}
+
 Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.kind != Device::cpu) {
     if (bytes == 0) return;
     void* p = hooks_for(device).alloc(bytes, device.index);
-    data_ = std::unique_ptr<void, Free>(p, Free{device, bytes});
+    data_ = std::unique_ptr<void, Free>(p, Free{device, bytes, MemoryScope::current()});
+    memory_charge(true, MemoryScope::current(), int64_t(bytes));
     return;
   }
   if (bytes == 0) return;
@@ -66,10 +72,12 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw_runtime(__FILE__, __LINE__, cat("out of host memory allocating ", bytes, " bytes"));
   std::memset(p, 0, rounded);
-  data_.reset(p);
+  data_ = std::unique_ptr<void, Free>(p, Free{device, bytes, MemoryScope::current()});
+  memory_charge(false, MemoryScope::current(), int64_t(bytes));
 }
 
 void Buffer::Free::operator()(void* p) const {
+  memory_charge(device.kind != Device::cpu, category, -int64_t(bytes));
   if (device.kind == Device::cpu)
     std::free(p);
   else if (g_hooks)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/memory_stats.hpp"
 
 namespace ringtrain {
 
@@ -72,23 +73,27 @@ class AllocScope {
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
 // Owns a block of memory. CPU memory is 64-byte aligned (one cache line, one AVX-512 vector).
+// Its bytes are charged to the allocating thread's MemoryScope category while it lives.
 class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, Device device = default_device());
+  Buffer(size_t bytes, Device device, MemCategory category);  // charged to `category`
   Buffer(Buffer&&) noexcept = default;
   Buffer& operator=(Buffer&&) noexcept = default;
 
   void* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  MemCategory category() const { return data_.get_deleter().category; }
 
  private:
   struct Free {
     Free() noexcept : bytes(0) {}
-    Free(Device d, size_t b) noexcept : device(d), bytes(b) {}
+    Free(Device d, size_t b, MemCategory c) noexcept : device(d), bytes(b), category(c) {}
     Device device;
     size_t bytes;
+    MemCategory category = MemCategory::workspace;
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> data_;

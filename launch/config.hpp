@@ -49,6 +49,13 @@ struct ModelShowConfig {
   std::string input;            // C,H,W or D: overrides the file's input_shape
   int64_t classes = 0;          // 0: the file's, else 10
   std::string layer_precision;  // "conv1=fp32,...", as train's --layer-precision
+  // --plan: the memory plan per rank (train/memory_plan.hpp) instead of the layer table.
+  bool plan = false;
+  int ranks = 1, zero = 0;
+  std::string recompute = "none";  // none | blocks
+  int64_t batch_size = TrainConfig::kDefaultBatchSize, seq_len = 0, grad_accum = 1;
+  std::string optimizer = "adamw";
+  std::string device = "cpu";
 };
 
 struct ConvertConfig {

@@ -12,6 +12,7 @@
 #include "launch/config.hpp"
 #include "ringtrain/model.pb.h"
 #include "train/job.hpp"
+#include "train/memory_plan.hpp"
 #include "train/model_source.hpp"
 
 namespace po = boost::program_options;
@@ -55,16 +56,56 @@ std::string human(double v) {
   return buf;
 }
 
+// The bytes of each category a rank would hold (rank 0: the largest shard), planned from
+// the shapes alone.
+void show_plan(const ModelFile& f, const ModelShowConfig& c, DType precision) {
+  const PlanModel m = PlanModel::from_file(f);
+  PlanSettings s;
+  s.world = c.ranks;
+  s.zero = c.zero;
+  s.recompute_blocks = c.recompute == "blocks";
+  s.on_gpu = c.device == "cuda";
+  s.precision = s.wire = precision;
+  s.optimizer_states = c.optimizer == "adamw" ? 2 : 1;
+  // A CPU optimizer reads the reduced 16-bit sums itself; a GPU's gets an fp32 gradient.
+  s.fp32_grad = s.on_gpu;
+  s.micro_batch = c.batch_size;
+  s.grad_accum = c.grad_accum;
+  const MemoryPlan plan = plan_memory(m, s);
+  std::printf("model '%s': %lld parameters (%lld read in fp32), %d repeat-body block(s)\n",
+              m.name.c_str(), static_cast<long long>(m.params), static_cast<long long>(m.fp32_read),
+              m.blocks);
+  std::printf(
+      "memory plan per rank: %d rank(s), --zero %d, --recompute %s, %s, %s, %lld sample(s) of "
+      "%s per micro-batch x %lld, device %s\n",
+      c.ranks, c.zero, c.recompute.c_str(), dtype_name(precision), c.optimizer.c_str(),
+      static_cast<long long>(c.batch_size), shape_str(m.input).c_str(),
+      static_cast<long long>(c.grad_accum), c.device.c_str());
+  std::printf("%-12s %20s %12s\n", "category", "bytes/rank", "");
+  for (int k = 0; k < kMemCategories; ++k)
+    std::printf("%-12s %20lld %12s\n", mem_category_name(MemCategory(k)),
+                static_cast<long long>(plan.bytes[size_t(k)]),
+                human_bytes(plan.bytes[size_t(k)]).c_str());
+  std::printf("%-12s %20lld %12s\n", "total", static_cast<long long>(plan.total()),
+              human_bytes(plan.total()).c_str());
+  const int64_t state = plan.at(MemCategory::masters) + plan.at(MemCategory::optimizer);
+  std::printf("masters + optimizer state: %.3f bytes per parameter per rank (x %d ranks: %.3f)\n",
+              double(state) / double(std::max<int64_t>(m.params, 1)), c.ranks,
+              double(state) * c.ranks / double(std::max<int64_t>(m.params, 1)));
+}
+
 void show(const ModelShowConfig& c, const std::string& precision) {
   load_plugins(c.plugins);
   ModelFile f = ModelFile::load(c.model);
   for (const auto& v : c.model_vars) f.override_var(v.var, v.value, v.option);
   Shape input = c.input.empty() ? f.input_shape() : parse_shape(c.input);
   // A language model's file states no input_shape (it takes any T up to its context): it is
-  // shown at [context] tokens, predicting its (padded) vocabulary.
+  // shown at [context] tokens (--seq-len T: at T), predicting its (padded) vocabulary.
   const ExprScope vars = f.scope();
   const bool token_model = f.has_var("context") && f.has_var("padded_vocab");
-  if (input.empty() && token_model) input = {vars.at("context").i};
+  RT_REQUIRE(c.seq_len == 0 || token_model, "--seq-len is for language models; model '", f.name(),
+             "' takes ", input.empty() ? "samples" : shape_str(input));
+  if (input.empty() && token_model) input = {c.seq_len ? c.seq_len : vars.at("context").i};
   RT_REQUIRE(!input.empty(), "model show: model '", f.name(), "' (", f.origin(),
              ") states no input_shape; give --input C,H,W (e.g. --input 1,28,28)");
   const int64_t classes = c.classes     ? c.classes
@@ -73,6 +114,7 @@ void show(const ModelShowConfig& c, const std::string& precision) {
                                         : 10;
   f.set_data_shape(input, classes, c.input.empty() ? "--classes" : "--input");
   f.add_layer_precision(c.layer_precision);  // checked by plan_model, as for train
+  if (c.plan) return show_plan(f, c, parse_float_dtype(precision, "--precision"));
   const ModelPlan plan = plan_model(f);
   const auto nodes = make_graph_nodes(f, plan);  // also checks init and share
   std::printf("model '%s' (%s): input %s, %lld classes\n", f.name().c_str(), f.origin().c_str(),
@@ -132,7 +174,16 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
         ("width", po::value<std::string>(), "resnet: var width")
         ("activation", po::value<std::string>(), "resnet: var activation")
         ("set", po::value<std::vector<std::string>>()->composing(), "VAR=VALUE: set a var of the model file")
-        ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load a plugin's ops");
+        ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load a plugin's ops")
+        ("plan", po::bool_switch(&c.plan), "print the memory plan per rank instead of the layer table (nothing is allocated)")
+        ("ranks", po::value(&c.ranks)->default_value(1), "--plan: ranks W")
+        ("zero", po::value(&c.zero)->default_value(0), "--plan: ZeRO stage 0 to 3")
+        ("recompute", po::value(&c.recompute)->default_value("none"), "--plan: none | blocks (repeat bodies' activations recomputed in backward)")
+        ("batch-size", po::value(&c.batch_size)->default_value(TrainConfig::kDefaultBatchSize), "--plan: samples per micro-batch per rank")
+        ("seq-len", po::value(&c.seq_len), "tokens per sample of a language model (default: its context)")
+        ("grad-accum", po::value(&c.grad_accum)->default_value(1), "--plan: micro-batches per step")
+        ("optimizer", po::value(&c.optimizer)->default_value("adamw"), "--plan: adamw | sgd (with momentum)")
+        ("device", po::value(&c.device)->default_value("cpu"), "--plan: cpu | cuda");
     // clang-format on
     po::positional_options_description pos;
     pos.add("model", 1);
@@ -158,6 +209,21 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
                "(mlp, cnn, resnet)");
     RT_REQUIRE(precision == "fp32" || precision == "fp16" || precision == "bf16", "--precision '",
                precision, "' is not known; expected fp32, fp16 or bf16");
+    RT_REQUIRE(c.ranks >= 1, "--ranks ", c.ranks, " is not valid; expected a positive number");
+    RT_REQUIRE(c.zero >= 0 && c.zero <= 3, "--zero ", c.zero,
+               " is not valid; expected 0, 1, 2 or 3");
+    RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
+               "' is not valid; expected none or blocks");
+    RT_REQUIRE(c.batch_size >= 1, "--batch-size ", c.batch_size,
+               " is not valid; expected a positive number");
+    RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len,
+               " is not valid; expected a positive number");
+    RT_REQUIRE(c.grad_accum >= 1, "--grad-accum ", c.grad_accum,
+               " is not valid; expected a positive number");
+    RT_REQUIRE(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer '", c.optimizer,
+               "' is not known; expected adamw or sgd");
+    RT_REQUIRE(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+               "' is not known; expected cpu or cuda");
     for (const char* name : {"hidden", "dropout", "depth", "width", "activation"})
       if (vm.count(name))
         c.model_vars.push_back({name, vm[name].as<std::string>(), cat("--", name)});

@@ -14,6 +14,7 @@
 #include "launch/options.hpp"
 #include "nn/model_file.hpp"
 #include "ringtrain/model.pb.h"
+#include "train/memory_plan.hpp"
 #include "train/timeline.hpp"
 
 namespace ringtrain::launch {
@@ -162,6 +163,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("zero", value_or_default(&c.zero), "0 | 1 | 2: 1 = ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather); 2 = ZeRO-2, also no whole gradient: each bucket exists only until it is reduce-scattered, every micro-batch reduced")
       ("recompute", value_or_default(&c.recompute), "none | blocks: free the activations of each repeat body of the model (a transformer block) after its forward and compute them again before its backward (less memory, one more forward; the same results)")
+      ("memory-budget", po::value(&c.memory_budget), "BYTES[K|M|G|T] | auto: refuse to start when the memory plan of a rank exceeds this (auto: the cgroup's or address-space limit, or physical memory, shared by the node's ranks; on a GPU its memory)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
   po::options_description eval("evaluation");
   eval.add_options()
@@ -295,6 +297,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              "it (use --zero 1 with --device cuda)");
   RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
              "' is not valid; expected none or blocks");
+  if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");

@@ -12,6 +12,7 @@ namespace ringtrain {
 
 const Tensor& Model::forward(Context& ctx, const Tensor& x, const LayerHooks& hooks) {
   RT_CHECK(!layers_.empty(), "a model without nodes");
+  MemoryScope in(MemCategory::activations);  // but what layers charge elsewhere (layer.cpp)
   outs_.assign(layers_.size(), nullptr);
   const bool label = master_.device().kind != Device::cpu;  // out-of-memory messages
   released_ = recompute_ && segments_.size() > 1;
@@ -111,6 +112,7 @@ void Model::move_grads_and_release(Context& ctx, size_t s) {
 
 void Model::backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hooks) {
   const size_t n = layers_.size();
+  MemoryScope in(MemCategory::activations);
   grads_.assign(n, Tensor());
   has_grad_.assign(n, 0);
   grad_sums_.resize(n);

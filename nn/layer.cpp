@@ -21,6 +21,7 @@ Tensor Layer::weights(Context& ctx, const Param& p, OwnedTensor& scratch) const 
   const DType d = dtype(ctx);
   if (d == p.work.dtype) return p.work;
   if (d == DType::f32) return p.master;
+  MemoryScope in(MemCategory::working);
   Tensor& c = scratch.ensure(p.shape, d);
   ctx.backend.cast(p.master, c);
   return c;
@@ -29,6 +30,7 @@ Tensor Layer::weights(Context& ctx, const Param& p, OwnedTensor& scratch) const 
 Tensor Layer::grad_target(Context& ctx, const Param& p, OwnedTensor& scratch) const {
   const DType d = dtype(ctx);
   if (d == p.grad.dtype) return p.grad;
+  MemoryScope in(MemCategory::gradients);
   return scratch.ensure(p.shape, d);
 }
 

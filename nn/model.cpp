@@ -93,7 +93,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
       num_buffer_elems_ += shape_numel(bs.shape);
       buffers_.push_back(std::move(b));
     }
-  state_ = Buffer(size_t(num_buffer_elems_) * 4);
+  state_ = Buffer(size_t(num_buffer_elems_) * 4, default_device(), MemCategory::masters);
   size_t next_buffer = 0;
   for (auto& layer : layers_) {
     std::vector<StateBuffer*> bs;
@@ -104,10 +104,12 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     }
     if (!bs.empty()) layer->bind_buffers(std::move(bs));
   }
-  master_ = Buffer(size_t(num_params_) * 4);
+  const Device dev = default_device();
+  master_ = Buffer(size_t(num_params_) * 4, dev, MemCategory::masters);
   master_count_ = num_params_;
-  if (compute_ != DType::f32) work_ = Buffer(size_t(num_params_) * dtype_size(compute_));
-  grad_ = Buffer(size_t(num_params_) * dtype_size(compute_));
+  if (compute_ != DType::f32)
+    work_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::working);
+  grad_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::gradients);
   const Tensor m = master(), w = work(), g = grad();
   for (auto& p : params_) {
     p.master = m.slice(p.offset, p.shape);
@@ -118,6 +120,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     const Param& owner = params_[s->owner];
     s->param.master = owner.master;
     s->param.work = owner.work;
+    MemoryScope in(MemCategory::gradients);
     s->param.grad = s->grad.ensure(owner.shape, compute_);
   }
   for (auto& pd : pending) {
@@ -273,9 +276,9 @@ void Model::shard_masters(int64_t lo, int64_t hi) {
   }
   // The values so far (zero or initialised) move into the shard and the region.
   const Device dev = master_.device();
-  Buffer shard(size_t(hi - lo) * 4, dev);
+  Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
   copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev, size_t(hi - lo) * 4);
-  fp32_ = Buffer(size_t(fp32_count_) * 4, dev);
+  fp32_ = Buffer(size_t(fp32_count_) * 4, dev, MemCategory::working);
   for (const auto& s : fp32_segments_)
     copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
                static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
@@ -319,7 +322,7 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
   const int64_t lo = master_lo_, hi = master_lo_ + master_count_;
   int64_t largest = 0;
   for (const Param& p : params_) largest = std::max(largest, shape_numel(p.shape));
-  Buffer stage = on_host ? Buffer() : Buffer(size_t(largest) * 4, dev);
+  Buffer stage = on_host ? Buffer() : Buffer(size_t(largest) * 4, dev, MemCategory::workspace);
   std::vector<float> v;
   size_t next = 0;
   for (const Param& p : params_) {
@@ -345,7 +348,7 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
     for (StateBuffer& b : buffers_) fill(b.value, b.init);
     return;
   }
-  Buffer s_stage(state_.bytes(), Device{});
+  Buffer s_stage(state_.bytes(), Device{}, MemCategory::workspace);
   const Tensor s(s_stage.data(), state().shape, DType::f32, Device{});
   for (StateBuffer& b : buffers_) fill(s.slice(b.offset, b.shape), b.init);
   copy_bytes(state_.data(), dev, s.data, Device{}, state_.bytes());
@@ -359,8 +362,8 @@ void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
   Buffer m_stage, s_stage;
   Tensor m = master(), s = state();
   if (!on_host) {
-    m_stage = Buffer(master_.bytes(), Device{});
-    s_stage = Buffer(state_.bytes(), Device{});
+    m_stage = Buffer(master_.bytes(), Device{}, MemCategory::workspace);
+    s_stage = Buffer(state_.bytes(), Device{}, MemCategory::workspace);
     m = Tensor(m_stage.data(), m.shape, DType::f32, Device{});
     s = Tensor(s_stage.data(), s.shape, DType::f32, Device{});
   }

@@ -16,6 +16,12 @@
 
 namespace ringtrain::launch {
 
+// The ZeRO stages and activation policies this build trains (--zero 0..kMaxTrainZero;
+// --recompute blocks when kTrainsRecompute). The memory planner plans stages 0 to 3 and
+// recomputation whatever these say, and suggests only what they allow.
+inline constexpr int kMaxTrainZero = 2;
+inline constexpr bool kTrainsRecompute = true;
+
 struct TrainConfig {
   std::string data, val_data;
   int prefetch = 2;           // batches the loader thread reads ahead (0: read in the step)
@@ -91,6 +97,8 @@ struct TrainConfig {
   // --print-config: check the data and the model as a run's start would, print
   // config_ini, and train nothing.
   bool print_config = false;
+  // Bytes per rank the memory plan must fit ("" none, "auto": the OS's or the GPU's limit).
+  std::string memory_budget;
 };
 
 }  // namespace ringtrain::launch

@@ -11,6 +11,7 @@ ParallelStrategy::ParallelStrategy(comm::Communicator& comm, kernels::Backend& b
 
 std::unique_ptr<Optimizer> ParallelStrategy::make_optimizer(const OptimizerConfig& cfg,
                                                             bool decay_all) {
+  MemoryScope in(MemCategory::optimizer);
   auto opt = ringtrain::make_optimizer(cfg, owned_count());
   // Each parameter's part of the owned range, in the optimizer's index space.
   const int64_t lo = owned_begin(), hi = owned_end();
@@ -29,7 +30,8 @@ void ParallelStrategy::allocate_gradients(bool optimizer_unscales) {
   const int64_t g32 = owned_count();
   const bool shard_only = keeps_gradient_shard_only();
   const bool own32 = shard_only || (precision_ != DType::f32 && !optimizer_unscales);
-  grad32_storage_ = own32 ? Buffer(size_t(g32) * 4) : Buffer();
+  grad32_storage_ =
+      own32 ? Buffer(size_t(g32) * 4, default_device(), MemCategory::gradients) : Buffer();
   grad32_ =
       precision_ == DType::f32 && !shard_only
           ? model_.grad()
@@ -45,6 +47,7 @@ std::unique_ptr<comm::GradReducer> ParallelStrategy::make_reducer(
     rc.transient_buckets = true;
     rc.shard_sums = grad32_;
   }
+  MemoryScope in(MemCategory::gradients);  // the wire buffer
   auto reducer = std::make_unique<comm::GradReducer>(comm_, rc, model_.grad(), ranges, layer_of);
   reducer_ = reducer.get();
   reducer_made();

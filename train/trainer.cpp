@@ -49,12 +49,16 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   const Tensor yb = micro_rows(batch.y, micro, micro_batch_);
   const Tensor* x = &xb;
   if (cfg_.precision != DType::f32 && is_float(xb.dtype)) {  // token ids stay int32
+    MemoryScope in(MemCategory::activations);
     backend_->cast(xb, xc_.ensure(xb.shape, cfg_.precision));
     x = &xc_.view;
   }
   const Tensor& logits = model_->forward(ctx, *x, node_hooks_);
   finish_weight_gather();  // nodes that read no parameter leave nothing else to wait for
-  Tensor& dlogits = dlogits_.ensure(logits.shape, DType::f32);
+  Tensor& dlogits = [&]() -> Tensor& {
+    MemoryScope in(MemCategory::activations);
+    return dlogits_.ensure(logits.shape, DType::f32);
+  }();
   auto xent = loss_and_gradient(logits, yb, scale, dlogits);
   const auto t_forward = Clock::now();
   observers_.after(Phase::forward, step, t0, t_forward);
@@ -371,10 +375,18 @@ int Trainer::run() {
           model_->layers().size(), " nodes, ", model_->num_params(), " parameters; ",
           loader_->steps_per_epoch(), " steps/epoch, ", total_steps_, " steps"));
   if (!resumed_from_.empty()) say(resumed_from_);
+  say(cat("memory plan/rank (rank 0 of ", comm_.size(), ", --zero ", cfg_.zero, ", ", micro_batch_,
+          " sample(s)/micro-batch): ", plan_summary(plan_),
+          memory_budget_ > 0 ? cat(" of --memory-budget ", human_bytes(memory_budget_))
+                             : std::string()));
   announce_device(device_, cfg_.precision, comm_);
   write_start_record();
   write_tensorboard_config();
   last_save_time_ = Clock::now();
+  // From here the peaks are the training's; set-up's (e.g. the full masters a model is built
+  // with before --zero 1 keeps its shard) are reported beside them.
+  startup_memory_ = memory_counts(device_.kind != Device::cpu);
+  reset_memory_peaks();
   observers_.begin_run();
   while (step_ < total_steps_) {
     const StepRecord out = step_once();

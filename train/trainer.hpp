@@ -22,6 +22,7 @@
 #include "train/config.hpp"
 #include "train/console.hpp"
 #include "train/device.hpp"
+#include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
 #include "train/model_source.hpp"
 #include "train/numerics.hpp"
@@ -64,6 +65,8 @@ class Trainer {
   using MemoryUse = ParallelStrategy::MemoryUse;
   using WireBytes = ParallelStrategy::WireBytes;
   MemoryUse memory_use() const { return strategy_->memory_use(); }
+  // The memory plan of this rank (train/memory_plan.hpp) for the run's batch.
+  const MemoryPlan& memory_plan() const { return plan_; }
   WireBytes wire_bytes() const { return strategy_->wire_bytes(); }
   const comm::GradReducer& reducer() const { return *reducer_; }
 
@@ -85,6 +88,14 @@ class Trainer {
   // (--batch-size, or the checkpoint's) with the checkpoint's global batch on this many ranks.
   int64_t resume_grad_accum(const io::CheckpointMeta& m, int64_t global_batch) const;
   void make_reducer();
+  // The memory planner's settings at micro-batch `micro` x `accum`, as the set-up chooses.
+  PlanSettings plan_settings(int64_t micro, int64_t accum) const;
+  // Before anything is allocated: the plan at the configured batch against --memory-budget
+  // (an input error with the figures and what would fit).
+  void check_memory_budget();
+  // Collective: every rank's measured peaks beside its plan, in the `memory` record and the
+  // end-of-run line.
+  void report_memory();
   // The run's step observers and the layer hooks built on them (after the restore, so the
   // loss-scale warnings count from the restored scale).
   void add_observers();
@@ -169,7 +180,12 @@ class Trainer {
   MetricsWriter metrics_;
   Timeline timeline_;
   OwnedTensor xc_, dlogits_;
-  Buffer acc32_storage_;  // --grad-accum > 1: the fp32 sum of the earlier micro-batches
+  PlanModel plan_model_;  // the model's shapes, for the memory plan
+  MemoryPlan plan_;       // this rank's, at the run's batch
+  bool optimizer_unscales_ = false;
+  int64_t memory_budget_ = 0;    // bytes per rank; 0: none
+  MemoryCounts startup_memory_;  // what set-up held at its peak (before the training's peaks)
+  Buffer acc32_storage_;         // --grad-accum > 1: the fp32 sum of the earlier micro-batches
   Tensor acc32_;
   double micro_exposed_comm_s_ = 0;  // the step's reductions of micro-batches before the last
   std::unique_ptr<LrSchedule> schedule_;

@@ -183,8 +183,61 @@ void Trainer::end_run(const char* reason, int code) {
               "(it resumes from the newest checkpoint in ",
               cfg_.checkpoint_dir, ")");
   }
+  report_memory();  // (the summary stays the last line)
   say(line);
   write_stop_record(reason, code);
+}
+
+void Trainer::report_memory() {
+  // Per rank: the training's peak per category and in total, set-up's, and the plan.
+  constexpr int k = kMemCategories + 1;
+  const MemoryCounts now = memory_counts(device_.kind != Device::cpu);
+  std::vector<int64_t> mine(3 * k);
+  for (int c = 0; c < kMemCategories; ++c) {
+    mine[size_t(c)] = now.peak[size_t(c)];
+    mine[size_t(k + c)] = startup_memory_.peak[size_t(c)];
+    mine[size_t(2 * k + c)] = plan_.bytes[size_t(c)];
+  }
+  mine[k - 1] = now.total_peak;
+  mine[2 * k - 1] = startup_memory_.total_peak;
+  mine[3 * k - 1] = plan_.total();
+  std::vector<int64_t> all(mine.size() * size_t(comm_.size()));
+  comm_.allgather(mine.data(), all.data(), int64_t(mine.size()), DType::i64);
+  if (comm_.rank() != 0) return;
+  auto object = [&](const int64_t* v) {
+    JsonLine o;
+    for (int c = 0; c < kMemCategories; ++c) o.add(mem_category_name(MemCategory(c)), v[c]);
+    return o.add("total", v[kMemCategories]);
+  };
+  std::vector<JsonLine> ranks;
+  std::vector<int64_t> largest(size_t(k), 0);
+  int64_t startup = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const int64_t* v = all.data() + size_t(r) * mine.size();
+    ranks.push_back(JsonLine()
+                        .add("rank", r)
+                        .add("peak", object(v))
+                        .add("planned", object(v + 2 * k))
+                        .add("startup_peak", object(v + k)));
+    for (int c = 0; c < k; ++c) largest[size_t(c)] = std::max(largest[size_t(c)], v[c]);
+    startup = std::max(startup, v[2 * k - 1]);
+  }
+  std::string line = cat("memory peak/rank (measured, the largest of ", comm_.size(),
+                         " rank(s); [rank 0's plan]):");
+  for (int c = 0; c < k; ++c)
+    line +=
+        cat(c ? ", " : " ", c < kMemCategories ? mem_category_name(MemCategory(c)) : "total", " ",
+            human_bytes(largest[size_t(c)]), " [", human_bytes(mine[size_t(2 * k + c)]), "]");
+  say(line + cat("; set-up peak ", human_bytes(startup)));
+  metrics_.write(JsonLine()
+                     .add("type", "memory")
+                     .add("step", step_)
+                     .add("world_size", comm_.size())
+                     .add("device", device_str(device_))
+                     .add("zero", cfg_.zero)
+                     .add("micro_batch", micro_batch_)
+                     .add("budget", memory_budget_)
+                     .add("ranks", ranks));
 }
 
 void Trainer::write_tensorboard_config() {

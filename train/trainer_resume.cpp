@@ -123,7 +123,8 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   acc32_ = Tensor();
   if (grad_accum_ > 1 && !strategy_->reduces_every_micro_batch()) {
     DeviceScope on_device(device_);
-    acc32_storage_ = Buffer(size_t(model_->num_params()) * 4);
+    acc32_storage_ =
+        Buffer(size_t(model_->num_params()) * 4, default_device(), MemCategory::gradients);
     acc32_ =
         Tensor(acc32_storage_.data(), {model_->num_params()}, DType::f32, acc32_storage_.device());
   }

@@ -36,7 +36,8 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   run_and_agree(comm_, [&] { start_from(path); });
-  strategy_->start_weights(!path.empty());  // collective
+  strategy_->start_weights(!path.empty());                                     // collective
+  plan_ = plan_memory(plan_model_, plan_settings(micro_batch_, grad_accum_));  // (a resume's batch)
   if (path.empty()) sync_buffers();
   add_observers();
   if (store_ && cfg_.async_checkpoint) {
@@ -69,6 +70,14 @@ void Trainer::setup() {
   device_ = choose_device(cfg_.device, comm_);
   backend_ = make_backend(device_, threads_for_rank(cfg_.threads, comm_), cfg_.gpu_memory);
   setup_inputs();
+  // The optimizer reads the reduced sums and unscales them as it reads them when the
+  // backend can and nothing else reads the fp32 gradient (clipping scales it, histograms
+  // show it); the same choice on every rank. Else, in fp16/bf16, the strategy keeps an fp32
+  // gradient of what this rank updates.
+  optimizer_unscales_ = backend_->supports(kernels::Op::fused_unscale, wire_dtype()) &&
+                        cfg_.grad_clip <= 0.f &&
+                        !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty());
+  check_memory_budget();
   if (cfg_.cache && data_) data_->enable_cache();
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
@@ -100,13 +109,7 @@ void Trainer::setup() {
   if (comm_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ = std::make_unique<EventWriter>(cfg_.tensorboard);
 
-  // The optimizer reads the reduced sums and unscales them as it reads them when the
-  // backend can and nothing else reads the fp32 gradient (clipping scales it, histograms
-  // show it); the same choice on every rank. Else, in fp16/bf16, the strategy keeps an fp32
-  // gradient of what this rank updates.
-  strategy_->allocate_gradients(backend_->supports(kernels::Op::fused_unscale, wire_dtype()) &&
-                                cfg_.grad_clip <= 0.f &&
-                                !(cfg_.histogram_every > 0 && !cfg_.tensorboard.empty()));
+  strategy_->allocate_gradients(optimizer_unscales_);
   // cuda: host copies of what a checkpoint holds on this rank.
   if (device_.kind == Device::cuda) host_ = strategy_->make_host_mirror();
 }
@@ -170,6 +173,45 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
     val_tokens_->set_seq_len(t);
   }
   return {{t}, tokens_->info().vocab_size};
+}
+
+PlanSettings Trainer::plan_settings(int64_t micro, int64_t accum) const {
+  PlanSettings s;
+  s.world = comm_.size();
+  s.rank = comm_.rank();
+  s.zero = cfg_.zero;
+  s.recompute_blocks = cfg_.recompute == "blocks";
+  s.on_gpu = device_.kind != Device::cpu;
+  s.precision = cfg_.precision;
+  s.wire = wire_dtype();
+  s.optimizer_states = cfg_.optimizer.name == "adamw" ? 2 : cfg_.optimizer.momentum != 0.f;
+  s.fp32_grad = !optimizer_unscales_;
+  s.micro_batch = std::max<int64_t>(micro, 1);
+  s.grad_accum = accum;
+  s.prefetch = cfg_.prefetch;
+  s.bucket_bytes = int64_t(cfg_.bucket_mb * double(1 << 20));
+  return s;
+}
+
+void Trainer::check_memory_budget() {
+  plan_model_ = PlanModel::from_file(*model_file_);
+  // The micro-batch of a fresh start (a resume keeps it unless its options change it).
+  const int64_t accum = std::max<int64_t>(cfg_.grad_accum, 1);
+  const int64_t micro = cfg_.global_batch_size
+                            ? cfg_.global_batch_size / std::max<int64_t>(comm_.size() * accum, 1)
+                            : cfg_.batch_size;
+  const PlanSettings s = plan_settings(micro, accum);
+  plan_ = plan_memory(plan_model_, s);
+  if (cfg_.memory_budget.empty()) return;
+  int64_t budget = parse_memory_budget(cfg_.memory_budget);
+  if (budget < 0)
+    budget = auto_memory_budget(
+        comm_.local_size(), device_.kind == Device::cpu
+                                ? 0
+                                : int64_t(kernels::cuda::device_info(device_.index).total_bytes));
+  memory_budget_ = budget;
+  const std::string refusal = check_budget(plan_model_, s, budget, cfg_.memory_budget);
+  if (!refusal.empty()) throw_input(refusal);
 }
 
 DType Trainer::wire_dtype() const {

@@ -49,7 +49,7 @@ void* CudaBackend::scratch(Slot slot, size_t bytes) {
   if (b.bytes() < bytes) {
     b = Buffer();  // free first: the cache can hand the block straight back, larger
     AllocScope scope(slot == kWorkspace ? "cuda workspace" : "cuda scratch");
-    b = Buffer(bytes + bytes / 4, device());
+    b = Buffer(bytes + bytes / 4, device(), MemCategory::workspace);  // whoever asks
   }
   return b.data();
 }

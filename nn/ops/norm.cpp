@@ -55,6 +55,7 @@ const Tensor& BatchNorm2D::forward(Context& ctx, const Tensor& x) {
 
 const Tensor& BatchNorm2D::backward(Context& ctx, const Tensor& dy) {
   Tensor& dx = dx_.ensure(x_.shape, dtype(ctx));
+  MemoryScope in(MemCategory::gradients);  // the parameters' fp32 gradients
   Tensor& dg = dgamma_.ensure({c_}, DType::f32);
   Tensor& db = dbeta_.ensure({c_}, DType::f32);
   ctx.backend.batchnorm_backward(training_, x_, dy, gamma_->master, mean_.view, invstd_.view, dx,

@@ -59,6 +59,7 @@ const Tensor& Embedding::forward(Context& ctx, const Tensor& x) {
 
 const Tensor& Embedding::backward(Context& ctx, const Tensor& dy) {
   // Summed in fp32 (a token seen many times in a batch), then into the compute-dtype grads.
+  MemoryScope in(MemCategory::gradients);
   Tensor& dwte = dwte_.ensure(wte_->shape, DType::f32);
   if (wpe_) {
     Tensor& dwpe = dwpe_.ensure(wpe_->shape, DType::f32);
@@ -106,6 +107,7 @@ const Tensor& LayerNorm::backward(Context& ctx, const Tensor& dy_in) {
     ctx.backend.cast(dy_in, dy);
   }
   Tensor& dx = dx_.ensure(x_.shape, d);
+  MemoryScope in(MemCategory::gradients);  // the parameters' fp32 gradients
   Tensor& dg = dgamma_.ensure({c_}, DType::f32);
   Tensor& db = dbeta_.ensure({c_}, DType::f32);
   ctx.backend.layernorm_backward(x_, dy, gamma_->master, mean_.view, rstd_.view, dx, dg, db);
