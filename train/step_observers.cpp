@@ -173,6 +173,14 @@ void HistogramObserver::end_step(const StepRecord& r) {
 
 // --- WindowReporter
 
+namespace {
+std::string fixed_str(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+}  // namespace
+
 std::string duration_str(double seconds) {
   const int64_t s = int64_t(seconds + 0.5);
   if (s >= 3600) return cat(s / 3600, "h", (s / 60) % 60 < 10 ? "0" : "", (s / 60) % 60, "m");
@@ -190,11 +198,14 @@ std::string WindowReporter::window_line(const StepRecord& r, double* samples_per
   const double sps = samples / std::max(secs, 1e-9);
   const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
   const double tps = sps * double(std::max<int64_t>(seq_len_, 1));  // tokens (or samples)/s
-  char line[240];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
+  char line[320];
+  const std::string loss_part =
+      loss_name_.empty() ? cat("loss ", fixed_str(loss, 4), " acc ", fixed_str(acc, 3))
+      : accuracy_ ? cat("loss(", loss_name_, ") ", fixed_str(loss, 4), " acc ", fixed_str(acc, 3))
+                  : cat("loss(", loss_name_, ") ", fixed_str(loss, 4));
+  std::snprintf(line, sizeof line, "step %lld/%lld epoch %lld %s scale %g lr %g %.0f %s/s ETA %s",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
-                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, tps,
+                static_cast<long long>(r.epoch), loss_part.c_str(), r.loss_scale, r.lr, tps,
                 seq_len_ > 0 ? "tokens" : "samples", duration_str(eta).c_str());
   if (samples_per_sec) *samples_per_sec = sps;
   return line;
@@ -243,13 +254,12 @@ void WindowReporter::end_step(const StepRecord& r) {
       tensorboard_->scalar(tag, r.step, v);
     tensorboard_->flush();
   }
-  metrics_.write(JsonLine()
-                     .add("type", "step")
-                     .add("step", r.step)
-                     .add("epoch", r.epoch)
-                     .add("loss", loss)
-                     .add("accuracy", acc)
-                     .add("loss_scale", r.loss_scale)
+  JsonLine rec;
+  rec.add("type", "step").add("step", r.step).add("epoch", r.epoch);
+  if (!loss_name_.empty()) rec.add("loss_name", loss_name_);
+  rec.add("loss", loss);
+  if (accuracy_) rec.add("accuracy", acc);
+  metrics_.write(rec.add("loss_scale", r.loss_scale)
                      .add("lr", r.lr)
                      .add("samples_per_sec", sps)
                      .add("tokens_per_sec", tps)
@@ -265,14 +275,6 @@ void WindowReporter::end_step(const StepRecord& r) {
 }
 
 // --- RunSummary
-
-namespace {
-std::string fixed_str(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-}  // namespace
 
 void RunSummary::end_step(const StepRecord& r) {
   if (steps_++ == 0) first_step_ = r.step;
