@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -303,7 +304,9 @@ std::string RunSummary::totals(int64_t step, int64_t total) const {
 std::string RunSummary::best_eval() const {
   if (best_step_ < 0) return "";
   return cat("best val loss ", fixed_str(best_loss_, 4), seq_len_ > 0 ? " nats/token" : "",
-             " (accuracy ", fixed_str(best_accuracy_, 4), ") at step ", best_step_);
+             std::isnan(best_accuracy_) ? std::string()
+                                        : cat(" (accuracy ", fixed_str(best_accuracy_, 4), ")"),
+             " at step ", best_step_);
 }
 
 }  // namespace ringtrain::launch

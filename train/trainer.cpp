@@ -2,6 +2,7 @@
 // the phase boundaries; checkpoints, evaluation and the run loop with its stop on a signal.
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -300,7 +301,10 @@ bool Trainer::run_eval() {
   if (val_tokens_) record.add("tokens", r.tokens);
   if (bits >= 0) record.add("bits_per_byte", bits);
   metrics_.write(record);
-  track_best(r.loss, r.accuracy);
+  const bool has_accuracy =
+      !own_loss || model_->loss().reports_accuracy() ||
+      std::count(model_->loss().metrics.begin(), model_->loss().metrics.end(), "accuracy") > 0;
+  track_best(r.loss, has_accuracy ? r.accuracy : NAN);
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -162,6 +163,11 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
 
 void Trainer::require_targets_fit_loss(const ModelFile& file) {
   const LossSpec spec = loss_spec_of(file);
+  RT_REQUIRE(cfg_.keep_best != "val_accuracy" || spec.reports_accuracy() ||
+                 std::count(spec.metrics.begin(), spec.metrics.end(), "accuracy") > 0,
+             "--keep-best val_accuracy: the loss '", spec.name(), "' of model '", file.name(),
+             "' has no accuracy; use --keep-best val_loss (or add metric: \"accuracy\" to a loss "
+             "that has one)");
   const TargetKind want = spec.target_kind();
   for (const auto& [option, data] :
        {std::pair<const char*, io::Dataset*>{"--data", data_.get()}, {"--val-data", val_.get()}}) {
