@@ -175,6 +175,12 @@ TEST_P(LossTorch, LossAndGradientMatchPyTorch) {
   const double rtol = dt == DType::f32 ? 2e-5 : 1.0 / 256;
   double scale = 0;
   for (double g : want_grad) scale = std::max(scale, std::fabs(g));
+  double worst = 0;  // the largest gradient error relative to the largest gradient
+  for (int64_t i = 0; i < np; ++i)
+    worst = std::max(worst, std::fabs(got[size_t(i)] - want_grad[size_t(i)]) / scale);
+  std::printf("%-28s %-4s loss %.9g (PyTorch %.9g, rel. error %.2e), gradient max error %.2e\n",
+              c.name.c_str(), dtype_name(dt), got_loss, want_loss,
+              std::fabs(got_loss - want_loss) / std::fabs(want_loss), worst);
   int bad = 0;
   for (int64_t i = 0; i < np && bad < 5; ++i)
     if (!close(got[size_t(i)], want_grad[size_t(i)], rtol, scale * 1e-6)) {
