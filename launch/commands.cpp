@@ -289,7 +289,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   });
   if (lm.takes_tokens) return eval_tokens(cfg, loaded, *backend, lm, model_name, comm);
   const io::CheckpointMeta& meta = loaded.meta;
-  if (!loaded.model->loss().is_default()) return eval_loss(cfg, loaded, *data, *backend, comm);
+  if (loaded.model->loss().own_evaluation()) return eval_loss(cfg, loaded, *data, *backend, comm);
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   std::vector<double> confusion;
   const EvalResult r = run_or_fail([&] {

@@ -39,6 +39,8 @@ struct LossSpec {
   bool is_default() const {
     return terms.size() == 1 && terms[0].kind == LossKind::softmax_cross_entropy;
   }
+  // Evaluation reports this loss and its metrics (not only a classifier's loss and accuracy).
+  bool own_evaluation() const { return !is_default() || !metrics.empty(); }
   // Whether training reports an accuracy (the fraction of arg-max predictions that are
   // right): softmax cross-entropy only (the others report theirs in evaluation).
   bool reports_accuracy() const;

@@ -255,7 +255,7 @@ bool Trainer::run_eval() {
   // Collective (its sums): an error in it ends the job from the rank that saw it.
   // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
   const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
-  const bool own_loss = !val_tokens_ && !model_->loss().is_default();
+  const bool own_loss = !val_tokens_ && model_->loss().own_evaluation();
   const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
                        : own_loss  ? evaluate_loss(*model_, *val_, comm_, *backend_, batch, norm_)
                                    : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);

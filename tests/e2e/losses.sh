@@ -149,6 +149,24 @@ for path, metric, floor in ((sys.argv[1], "f1", 0.8), (sys.argv[2], "mean_iou", 
 PYEOF
 pass "multi-label (pos_weight) and per-pixel (ignore_index) train: f1 and mean IoU above 0.8 and 0.6"
 
+# ---- a classifier's loss block: softmax cross-entropy with the metrics accuracy and top3 ---
+cat >"$dir/cls.pbtxt" <<'EOF2'
+node { name: "flat" flatten {} }
+node { name: "fc" linear {} set { field: "out_features" expr: "classes" } }
+loss { softmax_cross_entropy {} metric: "accuracy" metric: "top3" }
+EOF2
+mpi 2 "$BIN" train --data "$DATA/train.h5" --model "$dir/cls.pbtxt" --steps 20 --threads 1 \
+  --checkpoint-dir "$dir/cls" >/dev/null
+mpi 2 "$BIN" eval --checkpoint "$dir/cls/ckpt-000000020.h5" --data "$DATA/test.h5" \
+  --metrics "$dir/cls.jsonl" >"$dir/cls.eval"
+$PY - "$dir/cls.jsonl" <<'PYEOF' || fail "top3 of the classifier: $(cat "$dir/cls.eval")"
+import json, sys
+ev = json.loads(open(sys.argv[1]).readlines()[-1])
+assert ev["loss_name"] == "softmax_cross_entropy", ev
+assert 0.5 < ev["accuracy"] < ev["top3"] <= 1, ev
+PYEOF
+pass "softmax_cross_entropy with metrics: eval reports accuracy $(grep -o 'accuracy *[0-9.]*' "$dir/cls.eval" | awk '{print $2}') and top3 above it"
+
 # ---- bad inputs, 2 ranks ----------------------------------------------------------------
 # A NaN target in the one sample rank 1 of 2 reads first: position 128 of epoch 0's
 # permutation of 256 samples (global batch 256: rank 1 takes positions 128..255), recomputed
