@@ -45,7 +45,7 @@ int64_t label_at(const NpyArray& a, int64_t i) {
 class NpySource : public ConvertSource {
  public:
   NpySource(const std::string& images_spec, const std::string& labels_spec,
-            const std::string& layout)
+            const std::string& layout, const std::string& targets_spec)
       : layout_(layout) {
     RT_REQUIRE(layout == "nchw" || layout == "nhwc", "--layout '", layout,
                "' is not known; expected nchw or nhwc");
@@ -75,6 +75,7 @@ class NpySource : public ConvertSource {
     RT_REQUIRE(layout == "nchw" || s.size() == 4, "--layout nhwc needs 4-d images [N, H, W, C]; '",
                images_.what, "' has shape ", shape_str(s));
     info_.has_labels = !labels_spec.empty();
+    if (!targets_spec.empty()) open_targets(targets_spec, s[0]);
     if (!info_.has_labels) return;
     NpyArray lb = read_npy(labels_spec);
     const NpyType lt = lb.header.type;
@@ -121,18 +122,69 @@ class NpySource : public ConvertSource {
     if (info_.has_labels) std::copy(labels_.begin() + lo, labels_.begin() + hi, labels);
   }
 
+  void read_targets(int64_t lo, int64_t hi, void* out) override {
+    const int64_t per = shape_numel(info_.target_shape);
+    std::memcpy(out, targets_.data() + size_t(lo * per) * 4, size_t((hi - lo) * per) * 4);
+  }
+
  private:
   std::string layout_;
   NpyArray images_;
   std::vector<int64_t> labels_;
+  std::vector<uint8_t> targets_;  // float32 or int32, 4 bytes per element
+
+  void open_targets(const std::string& spec, int64_t n) {
+    NpyArray t = read_npy(spec);
+    const NpyHeader& h = t.header;
+    RT_REQUIRE(h.shape.size() >= 2 && h.shape[0] == n, "--targets '", t.what, "' has shape ",
+               shape_str(h.shape), "; expected [", n, ", ...] (one target per image)");
+    const int64_t count = shape_numel(h.shape);
+    info_.target_shape.assign(h.shape.begin() + 1, h.shape.end());
+    targets_.resize(size_t(count) * 4);
+    if (h.type == NpyType::f4 || h.type == NpyType::f8) {
+      info_.target_dtype = DType::f32;
+      float* dst = reinterpret_cast<float*>(targets_.data());
+      for (int64_t i = 0; i < count; ++i) {
+        double v;
+        if (h.type == NpyType::f4) {
+          float f;
+          std::memcpy(&f, t.data.data() + size_t(i) * 4, 4);
+          v = f;
+        } else {
+          std::memcpy(&v, t.data.data() + size_t(i) * 8, 8);
+        }
+        RT_REQUIRE(std::isfinite(v) && std::fabs(v) <= 3.4e38, "--targets '", t.what, "': sample ",
+                   i / (count / n), " holds ", v, " at element ", i % (count / n),
+                   "; float targets must be finite");
+        dst[i] = float(v);
+      }
+      return;
+    }
+    info_.target_dtype = DType::i32;
+    int32_t* dst = reinterpret_cast<int32_t*>(targets_.data());
+    int64_t top = -1;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t v = label_at(t, i);
+      const bool ignored = v == -100 && (h.type == NpyType::i1 || h.type == NpyType::i2 ||
+                                         h.type == NpyType::i4 || h.type == NpyType::i8);
+      RT_REQUIRE((ignored || (v >= 0 && v <= INT32_MAX)), "--targets '", t.what, "' holds ",
+                 npy_type_name(h.type), " value ", v, " in sample ", i / (count / n),
+                 "; expected float targets, or integer labels per position >= 0 "
+                 "(or -100, ignored)");
+      dst[i] = int32_t(v);
+      top = std::max(top, v);
+    }
+    if (!info_.has_labels) info_.num_classes = std::max<int64_t>(2, top + 1);
+  }
 };
 
 }  // namespace
 
 std::unique_ptr<ConvertSource> open_npy_source(const std::string& images_spec,
                                                const std::string& labels_spec,
-                                               const std::string& layout) {
-  return std::make_unique<NpySource>(images_spec, labels_spec, layout);
+                                               const std::string& layout,
+                                               const std::string& targets_spec) {
+  return std::make_unique<NpySource>(images_spec, labels_spec, layout, targets_spec);
 }
 
 }  // namespace ringtrain::io

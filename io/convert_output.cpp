@@ -214,7 +214,8 @@ void write_header(hid_t f, const DatasetHeader& h) {
 
 std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string& out, int shards,
                                                 const DatasetHeader& h, int64_t lo, int64_t count,
-                                                const uint8_t* images, const int64_t* labels) {
+                                                const uint8_t* images, const int64_t* labels,
+                                                const void* targets) {
   const int64_t n = h.num_samples;
   RT_REQUIRE(shards >= 1 && shards <= n, "--shards ", shards, " is not valid for ", n,
              " samples; expected 1 to ", n);
@@ -246,6 +247,10 @@ std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string
                                             {names_bytes, names_bytes}};
       if (h.has_labels)
         extents.push_back(ParallelH5Writer::extent({s_hi - s_lo}, DType::i32, 1 << 18));
+      Shape tshape = {s_hi - s_lo};
+      tshape.insert(tshape.end(), h.target_shape.begin(), h.target_shape.end());
+      if (!h.target_shape.empty())
+        extents.push_back(ParallelH5Writer::extent(tshape, h.target_dtype));
       current = names[size_t(s)];
       H5Id f = w.create(names[size_t(s)] + ".tmp",
                         h5_file_bytes_bound(extents, fs_block_size(names[size_t(s)]), 4096));
@@ -255,6 +260,12 @@ std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string
       if (h.has_labels)
         w.write_rows(f, "labels", DType::i32, {s_hi - s_lo}, a - s_lo, mine,
                      mine ? labels32.data() + (a - lo) : labels32.data(), true, 1 << 18);
+      if (!h.target_shape.empty()) {
+        const int64_t tbytes = shape_numel(h.target_shape) * 4;
+        const auto* t = static_cast<const uint8_t*>(targets);
+        w.write_rows(f, "targets", h.target_dtype, tshape, a - s_lo, mine,
+                     mine ? t + (a - lo) * tbytes : t, true);
+      }
       w.write_rows(f, "mean", DType::f64, {c}, 0, rank == 0 ? c : 0, h.mean.data(), false);
       w.write_rows(f, "std", DType::f64, {c}, 0, rank == 0 ? c : 0, h.std.data(), false);
       if (!h.class_names.empty()) w.write_strings(f, "class_names", h.class_names);

@@ -67,6 +67,8 @@ struct DatasetHeader {
   std::vector<std::string> class_names;
   std::vector<double> mean, std;  // per channel ([C]; one value for [D] samples)
   double mean_all = 0, std_all = 1;
+  Shape target_shape;  // /targets per sample; empty: none
+  DType target_dtype = DType::f32;
 };
 
 // The names `out` becomes with `shards` files: out itself, or OUT-0000k-of-0000N.h5.
@@ -79,6 +81,7 @@ std::vector<std::string> shard_names(const std::string& out, int shards);
 // message when the file system is full).
 std::vector<std::string> write_dataset_parallel(MPI_Comm comm, const std::string& out, int shards,
                                                 const DatasetHeader& h, int64_t lo, int64_t count,
-                                                const uint8_t* images, const int64_t* labels);
+                                                const uint8_t* images, const int64_t* labels,
+                                                const void* targets = nullptr);
 
 }  // namespace ringtrain::io

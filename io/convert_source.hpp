@@ -20,6 +20,9 @@ struct SourceInfo {
   bool has_labels = true;
   int64_t num_classes = 0;               // 0 when there are no labels
   std::vector<std::string> class_names;  // empty when the source has none
+  // /targets (npy --targets): one sample's shape (empty: none) and dtype (f32 or i32).
+  Shape target_shape;
+  DType target_dtype = DType::f32;
 };
 
 class ConvertSource {
@@ -32,6 +35,9 @@ class ConvertSource {
   // Samples [lo, hi) into images ((hi - lo) samples, [C, H, W] each, as stored) and, when the
   // source has labels, labels (hi - lo values).
   virtual void read(int64_t lo, int64_t hi, uint8_t* images, int64_t* labels) = 0;
+  // The targets of samples [lo, hi) (4 bytes per element, as target_dtype), when the source
+  // has them.
+  virtual void read_targets(int64_t lo, int64_t hi, void* targets) {}
 
  protected:
   SourceInfo info_;
@@ -40,9 +46,13 @@ class ConvertSource {
 // NumPy arrays: images [N, C, H, W] (layout "nchw"), [N, H, W, C] ("nhwc"), [N, H, W] (one
 // channel) or [N, D], uint8 or float32 (finite); labels [N] of any integer dtype, values
 // >= 0 (num_classes = largest + 1), or none (labels_spec empty).
+// targets_spec: float targets [N, ...] (float32 or float64, finite) or integer targets
+// [N, ...] (labels per position, >= 0 or -100 (ignored); num_classes = the largest + 1 when
+// there are no labels), or none.
 std::unique_ptr<ConvertSource> open_npy_source(const std::string& images_spec,
                                                const std::string& labels_spec,
-                                               const std::string& layout);
+                                               const std::string& layout,
+                                               const std::string& targets_spec = {});
 
 // The ImageFolder layout: ROOT/<class>/<image>.png|.jpg|.jpeg, classes in name order (label
 // k = the k-th subfolder), images in name order within each. size {0, 0}: every image must

@@ -94,14 +94,16 @@ Dataset::Dataset(const std::string& spec, bool labels_required) {
     RT_REQUIRE(s.sample_shape == first.sample_shape && s.image_dtype == first.image_dtype &&
                    s.num_classes == first.num_classes && s.has_labels == first.has_labels &&
                    s.has_norm == first.has_norm && s.mean == first.mean && s.std == first.std &&
-                   s.channel_mean == first.channel_mean && s.channel_std == first.channel_std,
+                   s.channel_mean == first.channel_mean && s.channel_std == first.channel_std &&
+                   s.has_targets == first.has_targets && s.target_shape == first.target_shape &&
+                   s.target_dtype == first.target_dtype,
                "dataset shard '", f, "' has samples ", shape_str(s.sample_shape), " ",
                dtype_name(s.image_dtype), " in ", s.num_classes, " classes, but '",
                shards_.front()->path(), "' has ", shape_str(first.sample_shape), " ",
                dtype_name(first.image_dtype), " in ", first.num_classes,
                " classes; all shards of a dataset must share one schema (labels or none, "
-               "mean/std)");
-    RT_REQUIRE(s.has_labels || !labels_required, "dataset '", f,
+               "targets or none, mean/std)");
+    RT_REQUIRE(s.has_labels || s.has_targets || !labels_required, "dataset '", f,
                "' has no /labels; training and eval need labelled data (`ringtrain predict` "
                "reads unlabelled data)");
     offsets_.push_back(info_.num_samples);
@@ -119,6 +121,9 @@ Dataset::Dataset(const std::string& spec, bool labels_required) {
   info_.std = first.std;
   info_.channel_mean = first.channel_mean;
   info_.channel_std = first.channel_std;
+  info_.has_targets = first.has_targets;
+  info_.target_shape = first.target_shape;
+  info_.target_dtype = first.target_dtype;
   sample_bytes_ = shards_.front()->sample_bytes();
 }
 
@@ -228,6 +233,63 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const No
     RT_REQUIRE(label >= 0 && label < info_.num_classes, "dataset '", info_.path, "': label ", label,
                " of sample ", idx[i], " is outside [0, num_classes=", info_.num_classes, ")");
     y[i] = int32_t(label);
+  }
+}
+
+void Dataset::read_targets(const int64_t* idx, int64_t n, void* t) {
+  if (n == 0) return;
+  RT_CHECK(info_.has_targets, "targets asked of '", info_.path, "', which has none");
+  const int64_t per = shape_numel(info_.target_shape);
+  const size_t bytes = size_t(per) * 4;  // float32 or int32
+  if (cache_ && !target_cache_) {
+    target_cache_.reset(new uint8_t[size_t(info_.num_samples) * bytes]);
+    target_cached_.assign(size_t(info_.num_samples), false);
+  }
+  std::vector<int64_t> need;
+  for (int64_t i = 0; i < n; ++i) {
+    RT_CHECK(idx[i] >= 0 && idx[i] < info_.num_samples, "sample index ", idx[i], " outside [0, ",
+             info_.num_samples, ") in ", info_.path);
+    if (!target_cache_ || !target_cached_[size_t(idx[i])]) need.push_back(idx[i]);
+  }
+  std::sort(need.begin(), need.end());
+  need.erase(std::unique(need.begin(), need.end()), need.end());
+  const int64_t m = int64_t(need.size());
+  target_raw_.resize(size_t(m) * bytes);
+  std::vector<int64_t> rows;
+  for (int64_t lo = 0; lo < m;) {
+    const size_t s =
+        size_t(std::upper_bound(offsets_.begin(), offsets_.end(), need[lo]) - offsets_.begin() - 1);
+    int64_t hi = lo;
+    rows.clear();
+    while (hi < m && need[hi] < offsets_[s + 1]) rows.push_back(need[hi++] - offsets_[s]);
+    shards_[s]->read_target_rows(rows.data(), hi - lo, target_raw_.data() + size_t(lo) * bytes);
+    if (info_.target_dtype == DType::f32)
+      for (int64_t j = lo; j < hi; ++j) {
+        const float* f = reinterpret_cast<const float*>(target_raw_.data() + size_t(j) * bytes);
+        for (int64_t k = 0; k < per; ++k)
+          if (!std::isfinite(f[k]))
+            throw_input(cat("dataset '", shards_[s]->path(), "': sample ", need[j], " (row ",
+                            need[j] - offsets_[s], " of this file) holds target ", f[k],
+                            " at element ", k, "; float targets must be finite"));
+      }
+    lo = hi;
+  }
+  if (target_cache_)
+    for (int64_t j = 0; j < m; ++j) {
+      std::memcpy(target_cache_.get() + size_t(need[j]) * bytes,
+                  target_raw_.data() + size_t(j) * bytes, bytes);
+      target_cached_[size_t(need[j])] = true;
+    }
+  auto* out = static_cast<uint8_t*>(t);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src;
+    if (target_cache_) {
+      src = target_cache_.get() + size_t(idx[i]) * bytes;
+    } else {
+      const int64_t j = std::lower_bound(need.begin(), need.end(), idx[i]) - need.begin();
+      src = target_raw_.data() + size_t(j) * bytes;
+    }
+    std::memcpy(out + size_t(i) * bytes, src, bytes);
   }
 }
 

@@ -27,6 +27,11 @@ struct DatasetInfo {
   double mean = 0, std = 1;  // of the pixel values after uint8 scaling to [0, 1]
   // Per channel (the /mean and /std datasets of shape [C]); empty when absent.
   std::vector<double> channel_mean, channel_std;
+  // /targets: one sample's shape (empty when absent) and dtype (f32, or i32 for integer
+  // targets such as labels per pixel).
+  bool has_targets = false;
+  Shape target_shape;
+  DType target_dtype = DType::f32;
 };
 
 // The input normalisation x' = (x - mean[c]) / std[c]: one value for every element, or one
@@ -44,8 +49,9 @@ std::vector<std::string> resolve_dataset_files(const std::string& spec);
 
 class Dataset {
  public:
-  // Opens and validates every shard; they must agree on sample shape, dtype and classes.
-  // Without /labels a dataset is an input error unless labels_required is false (predict).
+  // Opens and validates every shard; they must agree on sample shape, dtype, classes and
+  // targets. Without /labels (or /targets) a dataset is an input error unless
+  // labels_required is false (predict; the trainer checks what its loss reads itself).
   explicit Dataset(const std::string& spec, bool labels_required = true);
   ~Dataset();
   const DatasetInfo& info() const { return info_; }
@@ -62,6 +68,10 @@ class Dataset {
   // [0, num_classes) or a non-finite float pixel is an input error naming the file and the
   // global sample index. Not for concurrent calls on one Dataset.
   void read(const int64_t* idx, int64_t n, float* x, int32_t* y, const Normalization& norm);
+  // Reads the /targets of the same kind of index list into t [n, target...] (float32 or
+  // int32, as info().target_dtype). A non-finite float target is an input error naming the
+  // file and the global sample index.
+  void read_targets(const int64_t* idx, int64_t n, void* t);
 
  private:
   // Input error naming the shard file and global index of a float sample holding NaN/inf.
@@ -78,6 +88,10 @@ class Dataset {
   std::vector<int64_t> cache_labels_;
   std::vector<bool> cached_;
   int64_t cached_count_ = 0;
+  // Targets: the rows being read, and their cache (per global index, as the images').
+  std::vector<uint8_t> target_raw_;
+  std::unique_ptr<uint8_t[]> target_cache_;
+  std::vector<bool> target_cached_;
 };
 
 // Writes a dataset (format v1) from uint8 images [N, ...] and labels, as one file or as

@@ -73,14 +73,21 @@ void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int
 }
 
 Loader::Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
-               const Normalization& norm, int prefetch, Augment augment)
+               const Normalization& norm, int prefetch, Augment augment, bool targets)
     : images_(&data),
       seed_(seed),
       global_batch_(global_batch),
       rank_(rank),
       norm_(norm),
       prefetch_(prefetch),
-      augment_(augment) {
+      augment_(augment),
+      targets_(targets) {
+  RT_CHECK(!targets || data.info().has_targets, "a target loader on '", data.info().path,
+           "', which has no /targets");
+  RT_REQUIRE(!augment.any() || !targets || data.info().target_shape.size() < 2,
+             "--augment moves the pixels of the images but not those of dense targets; dataset '",
+             data.info().path, "' has targets of shape ", shape_str(data.info().target_shape),
+             ", so train without --augment");
   RT_REQUIRE(!augment.any() || data.info().sample_shape.size() == 3,
              "--augment needs image "
              "samples [C, H, W]; dataset '",
@@ -161,8 +168,17 @@ void Loader::fill(Slot& slot, int64_t epoch, int64_t position) {
   xs.insert(xs.end(), ss.begin(), ss.end());
   slot.batch.kind = DataKind::images;
   slot.batch.x = slot.x.ensure(xs, DType::f32, Device{});
-  slot.batch.y = slot.y.ensure({local_batch_}, DType::i32, Device{});
-  images_->read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), norm_);
+  if (targets_) {
+    Shape ys = {local_batch_};
+    const auto& info = images_->info();
+    ys.insert(ys.end(), info.target_shape.begin(), info.target_shape.end());
+    slot.batch.y = slot.y.ensure(ys, info.target_dtype, Device{});
+    images_->read(idx, local_batch_, slot.batch.x.as<float>(), nullptr, norm_);
+    images_->read_targets(idx, local_batch_, slot.batch.y.data);
+  } else {
+    slot.batch.y = slot.y.ensure({local_batch_}, DType::i32, Device{});
+    images_->read(idx, local_batch_, slot.batch.x.as<float>(), slot.batch.y.as<int32_t>(), norm_);
+  }
   if (augment_.any())
     augment_samples(augment_, seed_, epoch, idx, local_batch_, ss, norm_, slot.batch.x.as<float>());
 }

@@ -44,15 +44,18 @@ void augment_samples(const Augment& aug, uint64_t seed, int64_t epoch, const int
 struct Batch {
   DataKind kind = DataKind::images;
   Tensor x;  // images: [B, sample...] float32, normalised; tokens: [B, T] int32 inputs
-  Tensor y;  // images: [B] int32 labels; tokens: [B, T] int32 targets (inputs shifted by 1)
+  // images: [B] int32 labels, or with targets [B, target...] float32 or int32 (/targets);
+  // tokens: [B, T] int32 targets (inputs shifted by 1)
+  Tensor y;
   int64_t epoch = 0, position = 0;  // where this batch starts in the epoch permutation
 };
 
 class Loader {
  public:
   // Input error when the global batch does not divide by `world` or exceeds the dataset.
+  // With `targets` the batches carry the dataset's /targets instead of its /labels.
   Loader(Dataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
-         const Normalization& norm, int prefetch = 0, Augment augment = {});
+         const Normalization& norm, int prefetch = 0, Augment augment = {}, bool targets = false);
   // Windows of data.seq_len() tokens (set_seq_len() first); the same rules.
   Loader(TokenDataset& data, uint64_t seed, int64_t global_batch, int rank, int world,
          int prefetch = 0);
@@ -96,6 +99,7 @@ class Loader {
   Normalization norm_;
   int prefetch_;
   Augment augment_;
+  bool targets_ = false;
   int64_t epoch_ = 0, position_ = 0;            // consumer side
   int64_t next_epoch_ = 0, next_position_ = 0;  // producer side
   int64_t perm_epoch_ = -1;

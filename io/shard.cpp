@@ -112,6 +112,20 @@ ShardFile::ShardFile(std::string path) : path_(std::move(path)) {
     RT_REQUIRE(lshape.size() == 1 && lshape[0] == ishape[0], what, ": /labels has shape ",
                shape_str(lshape), "; expected [", ishape[0], "] to match /images");
   }
+  if (has_link(file_, "targets")) {
+    targets_ = open_dataset(file_, "targets");
+    const Shape tshape = dataset_shape(targets_);
+    const auto ttype = dataset_dtype(targets_);
+    RT_REQUIRE(ttype && (*ttype == DType::f32 || *ttype == DType::i32 || *ttype == DType::i64),
+               what, ": /targets must be float32, int32 or int64");
+    RT_REQUIRE(tshape.size() >= 2 && tshape[0] == ishape[0], what, ": /targets has shape ",
+               shape_str(tshape), "; expected [", ishape[0],
+               ", ...] (one target per sample of /images)");
+    require_stored(targets_, path_, "targets", tshape, dtype_size(*ttype));
+    info_.has_targets = true;
+    info_.target_shape.assign(tshape.begin() + 1, tshape.end());
+    info_.target_dtype = *ttype == DType::f32 ? DType::f32 : DType::i32;
+  }
   require_stored(images_, path_, "images", ishape, dtype_size(*itype));
   if (info_.has_labels) require_stored(labels_, path_, "labels", lshape, dtype_size(*ltype));
   // Every sample is converted to fp32 in memory; one that cannot fit can never be trained on.
@@ -200,6 +214,7 @@ ShardFile::~ShardFile() {
   H5Lock lock;
   images_.reset();
   labels_.reset();
+  targets_.reset();
   file_.reset();
 }
 
@@ -277,6 +292,20 @@ void ShardFile::read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t*
   RT_REQUIRE(H5Dread(labels_, H5T_NATIVE_INT64, lmspace, lspace, H5P_DEFAULT, labels) >= 0,
              "dataset '", path_, "': /labels could not be read (", h5_error_stack(),
              "); the file may be truncated or corrupt");
+}
+
+void ShardFile::read_target_rows(const int64_t* rows, int64_t m, void* out) {
+  if (m == 0) return;
+  H5Lock lock;
+  const hsize_t elems = hsize_t(m * shape_numel(info_.target_shape));
+  H5Id fspace(H5_CHECK(H5Dget_space(targets_)));
+  select_rows(fspace, rows, m);
+  H5Id mspace(H5_CHECK(H5Screate_simple(1, &elems, nullptr)));
+  RT_REQUIRE(
+      H5Dread(targets_, info_.target_dtype == DType::f32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT32,
+              mspace, fspace, H5P_DEFAULT, out) >= 0,
+      "dataset '", path_, "': /targets could not be read (", h5_error_stack(),
+      "); the file may be truncated or corrupt");
 }
 
 }  // namespace ringtrain::io

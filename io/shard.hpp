@@ -28,6 +28,11 @@ struct ShardInfo {
   double mean = 0, std = 1;
   // Per-channel /mean and /std datasets of shape [C] (empty when the file has none).
   std::vector<double> channel_mean, channel_std;
+  // /targets [N, ...]: float32 (regression, multi-label 0/1) or integer (labels per
+  // position, read as int32); absent: target_shape empty.
+  bool has_targets = false;
+  Shape target_shape;
+  DType target_dtype = DType::f32;  // f32 or i32
 };
 
 class ShardFile {
@@ -43,6 +48,8 @@ class ShardFile {
   // Reads the rows rows[0..m) (sorted, distinct, local to this file) into raw (m sample
   // images, bytes as stored) and labels (m values; ignored for a file without labels).
   void read_rows(const int64_t* rows, int64_t m, uint8_t* raw, int64_t* labels);
+  // Reads the rows' /targets (m samples, float32 or int32 as target_dtype) into `out`.
+  void read_target_rows(const int64_t* rows, int64_t m, void* out);
 
  private:
   void plan_direct_reads(const Shape& ishape);
@@ -51,7 +58,7 @@ class ShardFile {
 
   std::string path_;
   ShardInfo info_;
-  H5Id file_, images_, labels_;
+  H5Id file_, images_, labels_, targets_;
   // Direct reads: file offset of each chunk of rows (chunk_rows_ rows each), and the fd.
   int fd_ = -1;
   int64_t chunk_rows_ = 0;

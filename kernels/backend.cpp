@@ -495,4 +495,47 @@ XentResult Backend::token_xent(const Tensor& logits, const Tensor& targets, int6
   return do_token_xent(logits, targets, vocab, grad_scale, dlogits);
 }
 
+double Backend::pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
+                               float delta, const Tensor* pos_weight, float grad_scale,
+                               const Tensor* dpred, bool accumulate) {
+  RT_CHECK(pred.dtype == DType::f32 && target.dtype == DType::f32 && pred.shape == target.shape &&
+               !pred.shape.empty(),
+           pointwise_loss_name(kind), " takes fp32 predictions and targets of one shape, got ",
+           dtype_name(pred.dtype), " ", shape_str(pred.shape), " and ", dtype_name(target.dtype),
+           " ", shape_str(target.shape));
+  RT_CHECK(!dpred || (dpred->dtype == DType::f32 && dpred->shape == pred.shape),
+           pointwise_loss_name(kind), " gradient must be fp32 of the predictions' shape");
+  RT_CHECK(!pos_weight || (kind == PointwiseLoss::bce_logits && pos_weight->dtype == DType::f32 &&
+                           pos_weight->numel() == pred.shape.back()),
+           "pos_weight of ", pos_weight ? pos_weight->numel() : 0, " values for ",
+           pointwise_loss_name(kind), " on ", shape_str(pred.shape));
+  RT_CHECK(kind != PointwiseLoss::huber || delta > 0.f, "huber delta ", delta, " must be > 0");
+  require(Op::pointwise_loss, pred.dtype);
+  check_device(pred, "loss predictions");
+  check_device(target, "loss targets");
+  if (pos_weight) check_device(*pos_weight, "pos_weight");
+  if (dpred) check_device(*dpred, "loss gradient");
+  return do_pointwise_loss(kind, pred, target, delta, pos_weight, grad_scale, dpred, accumulate);
+}
+
+PixelXentResult Backend::pixel_xent(const Tensor& logits, const Tensor& labels,
+                                    int32_t ignore_index, float grad_scale, const Tensor* dlogits,
+                                    bool accumulate) {
+  Shape expect = labels.shape;
+  if (expect.size() >= 1 && logits.shape.size() >= 2)
+    expect.insert(expect.begin() + 1, logits.dim(1));
+  RT_CHECK(logits.dtype == DType::f32 && labels.dtype == DType::i32 && logits.shape.size() >= 2 &&
+               logits.shape == expect,
+           "pixel_xent takes fp32 logits [N, C, S...] and i32 labels [N, S...], got ",
+           dtype_name(logits.dtype), " ", shape_str(logits.shape), " and ",
+           dtype_name(labels.dtype), " ", shape_str(labels.shape));
+  RT_CHECK(!dlogits || (dlogits->dtype == DType::f32 && dlogits->shape == logits.shape),
+           "pixel_xent gradient must be fp32 of the logits' shape");
+  require(Op::pixel_xent, logits.dtype);
+  check_device(logits, "logits");
+  check_device(labels, "labels");
+  if (dlogits) check_device(*dlogits, "logit gradients");
+  return do_pixel_xent(logits, labels, ignore_index, grad_scale, dlogits, accumulate);
+}
+
 }  // namespace ringtrain::kernels

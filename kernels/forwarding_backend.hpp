@@ -129,6 +129,15 @@ class ForwardingBackend : public Backend {
                            const Tensor* dl) override {
     return inner_.token_xent(logits, targets, vocab, g, dl);
   }
+  double do_pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
+                           float delta, const Tensor* pos_weight, float g, const Tensor* dpred,
+                           bool accumulate) override {
+    return inner_.pointwise_loss(kind, pred, target, delta, pos_weight, g, dpred, accumulate);
+  }
+  PixelXentResult do_pixel_xent(const Tensor& logits, const Tensor& labels, int32_t ignore_index,
+                                float g, const Tensor* dl, bool accumulate) override {
+    return inner_.pixel_xent(logits, labels, ignore_index, g, dl, accumulate);
+  }
 
  private:
   Backend& inner_;

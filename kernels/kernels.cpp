@@ -136,8 +136,26 @@ const char* op_name(Op op) {
       return "gelu_tanh";
     case Op::token_xent:
       return "token_xent";
+    case Op::pointwise_loss:
+      return "pointwise_loss";
+    case Op::pixel_xent:
+      return "pixel_xent";
     case Op::fused_unscale:
       return "fused_unscale";
+  }
+  return "?";
+}
+
+const char* pointwise_loss_name(PointwiseLoss kind) {
+  switch (kind) {
+    case PointwiseLoss::mse:
+      return "mse";
+    case PointwiseLoss::l1:
+      return "l1";
+    case PointwiseLoss::huber:
+      return "huber";
+    case PointwiseLoss::bce_logits:
+      return "binary_cross_entropy_with_logits";
   }
   return "?";
 }

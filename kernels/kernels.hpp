@@ -39,6 +39,8 @@ enum class Op {
   attention,
   gelu_tanh,
   token_xent,
+  pointwise_loss,
+  pixel_xent,
   // sgd_step/adamw_step read a gradient of this dtype times the config's grad_scale (the loss
   // scaler's unscale folded into the optimizer), and unscale_check takes an empty `out`.
   fused_unscale
@@ -112,6 +114,19 @@ const char* op_name(Op op);
 struct XentResult {
   double loss_sum = 0;  // summed over the batch, in double
   int64_t correct = 0;  // argmax(logits) == label
+};
+
+// The elementwise losses of pointwise_loss, PyTorch's nn.MSELoss, L1Loss, HuberLoss(delta) and
+// BCEWithLogitsLoss(pos_weight), each with reduction 'mean'.
+enum class PointwiseLoss { mse, l1, huber, bce_logits };
+const char* pointwise_loss_name(PointwiseLoss kind);
+
+// What pixel_xent reports: the summed loss of the counted (not ignored) positions, their
+// number, and how many of them the arg-max predicts.
+struct PixelXentResult {
+  double loss_sum = 0;
+  int64_t counted = 0;
+  int64_t correct = 0;
 };
 
 // grad_scale: the optimizer steps use grad[i] * grad_scale as the gradient (fp32 product,
@@ -301,6 +316,20 @@ class Backend {
   // correct counts argmax == target.
   XentResult token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                         float grad_scale, const Tensor* dlogits);
+  // An elementwise loss of fp32 predictions against fp32 targets of the same shape [N, ...];
+  // returns the sum over all elements (double). When dpred (fp32, pred's shape) is given it
+  // receives dloss/dpred * grad_scale / numel (the gradient of the mean), added to what it
+  // holds when `accumulate` (terms of a weighted sum). `delta`: huber's; pos_weight: fp32 [K],
+  // K the last dimension (bce_logits only; null: 1).
+  double pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target, float delta,
+                        const Tensor* pos_weight, float grad_scale, const Tensor* dpred,
+                        bool accumulate = false);
+  // Cross-entropy per position of fp32 logits [N, C, S...] against i32 labels [N, S...]
+  // (PyTorch's CrossEntropyLoss(ignore_index) on dense targets): positions labelled
+  // ignore_index take no part; every other label must be in [0, C). dlogits (fp32) receives
+  // (softmax - onehot) * grad_scale / counted, added when `accumulate`.
+  PixelXentResult pixel_xent(const Tensor& logits, const Tensor& labels, int32_t ignore_index,
+                             float grad_scale, const Tensor* dlogits, bool accumulate = false);
 
  protected:
   // What this device can run of what the table declares (default: all of it; CUDA narrows
@@ -380,6 +409,12 @@ class Backend {
                                      const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
   virtual XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                    float grad_scale, const Tensor* dlogits) = 0;
+  virtual double do_pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
+                                   float delta, const Tensor* pos_weight, float grad_scale,
+                                   const Tensor* dpred, bool accumulate) = 0;
+  virtual PixelXentResult do_pixel_xent(const Tensor& logits, const Tensor& labels,
+                                        int32_t ignore_index, float grad_scale,
+                                        const Tensor* dlogits, bool accumulate) = 0;
 
  private:
   // Internal error unless the table declares op for dtype (names the backend, op, dtype).

@@ -245,6 +245,44 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
 
 }  // namespace
 
+// eval of a model whose file declares its loss: the loss, each metric, and the metrics with one
+// value per label or class (f1, mean_iou) label by label.
+int eval_loss(const EvalConfig& cfg, const LoadedModel& loaded, io::Dataset& data,
+              kernels::Backend& backend, comm::Communicator& comm) {
+  const EvalResult r = run_or_fail([&] {
+    return evaluate_loss(*loaded.model, data, comm, backend, cfg.batch_size,
+                         normalization_of(loaded.meta));
+  });
+  if (comm.rank() != 0) return 0;
+  const LossSpec& spec = loaded.model->loss();
+  std::printf("eval %s on %s (%lld samples, computed in %s): loss(%s) %.4f\n",
+              cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
+              dtype_name(cfg.precision), spec.name().c_str(), r.loss);
+  JsonLine record;
+  record.add("type", "eval")
+      .add("step", loaded.meta.step)
+      .add("split", cfg.data)
+      .add("loss_name", spec.name())
+      .add("loss", r.loss);
+  for (const auto& [name, value] : r.metrics) {
+    std::printf("  %-10s %.4f\n", name.c_str(), value);
+    record.add(name, value);
+  }
+  for (const auto& [name, values] : r.per_output) {
+    std::printf("  %s per %s:", name.c_str(), name == "f1" ? "label" : "class");
+    std::vector<JsonLine> each;
+    for (size_t k = 0; k < values.size(); ++k) {
+      std::printf(" %zu:%.4f", k, values[k]);
+      each.emplace_back().add("index", int64_t(k)).add(name, values[k]);
+    }
+    std::printf("\n");
+    record.add(cat(name, "_per_", name == "f1" ? "label" : "class"), each);
+  }
+  MetricsWriter metrics(cfg.metrics);
+  metrics.write(record);
+  return 0;
+}
+
 int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   EvalConfig cfg;
   if (!parse_agreed(parse_eval, args, cfg, comm)) return 0;
@@ -279,6 +317,7 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
   });
   if (lm.takes_tokens) return eval_tokens(cfg, loaded, *backend, lm, model_name, comm);
   const io::CheckpointMeta& meta = loaded.meta;
+  if (loaded.model->loss().own_evaluation()) return eval_loss(cfg, loaded, *data, *backend, comm);
   // Collective (the sums): an error in it ends the job from the rank that saw it.
   std::vector<double> confusion;
   const EvalResult r = run_or_fail([&] {
@@ -344,7 +383,8 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
   std::unique_ptr<io::ConvertSource> src;
   std::vector<uint8_t> images;
   std::vector<int64_t> labels;
-  std::vector<double> stats;  // per channel: sums, then sums of squares
+  std::vector<uint8_t> targets;  // 4 bytes per element (float32 or int32)
+  std::vector<double> stats;     // per channel: sums, then sums of squares
   int64_t lo = 0, hi = 0, channels = 1;
   run_and_agree(comm, [&] {
     if (comm.rank() == 0) {  // like `mkdir -p`, as convert idx
@@ -356,7 +396,7 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
                  ec ? cat(" (", ec.message(), ")") : std::string());
     }
     if (format == "npy")
-      src = io::open_npy_source(cfg.images, cfg.labels, cfg.layout);
+      src = io::open_npy_source(cfg.images, cfg.labels, cfg.layout, cfg.targets);
     else if (format == "images")
       src = io::open_image_folder(cfg.root, cfg.height, cfg.width, cfg.grayscale ? 1 : 3);
     else
@@ -370,6 +410,8 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
     images.resize(size_t((hi - lo) * src->sample_bytes()));
     labels.resize(size_t(hi - lo));
     src->read(lo, hi, images.data(), labels.data());
+    targets.resize(size_t((hi - lo) * shape_numel(src->info().target_shape)) * 4);
+    if (!src->info().target_shape.empty()) src->read_targets(lo, hi, targets.data());
     channels = info.sample_shape.size() == 3 ? info.sample_shape[0] : 1;
     stats.assign(size_t(2 * channels), 0.0);
     io::add_channel_stats(images.data(), hi - lo, info.sample_shape, info.dtype, stats.data(),
@@ -386,6 +428,8 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
     h.has_labels = info.has_labels;
     h.num_classes = info.num_classes;
     h.class_names = info.class_names;
+    h.target_shape = info.target_shape;
+    h.target_dtype = info.target_dtype;
     const double per = double(info.num_samples) * double(shape_numel(info.sample_shape) / channels);
     const double scale = info.dtype == DType::u8 ? 1.0 / 255.0 : 1.0;  // to [0, 1]
     double sum = 0, sq = 0;
@@ -399,7 +443,7 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
     h.mean_all = sum / (per * double(channels));
     h.std_all = std::sqrt(std::max(0.0, sq / (per * double(channels)) - h.mean_all * h.mean_all));
     files = io::write_dataset_parallel(comm.mpi(), cfg.out, cfg.shards, h, lo, hi - lo,
-                                       images.data(), labels.data());
+                                       images.data(), labels.data(), targets.data());
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm.rank() == 0) {
@@ -407,6 +451,9 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
                                                 : cat(files.front(), " ... ", files.back(), " (",
                                                       files.size(), " shards)");
     std::string classes = info.has_labels ? cat(info.num_classes, " classes") : "no labels";
+    if (!info.target_shape.empty())
+      classes += cat(", targets ", shape_str(info.target_shape), " ",
+                     info.target_dtype == DType::f32 ? "float32" : "int32");
     if (!info.class_names.empty()) classes += " (names stored)";
     std::printf("wrote %s: %lld samples of %s %s, %s; %d rank(s), %.2f s, %.0f samples/s\n",
                 where.c_str(), static_cast<long long>(info.num_samples),

@@ -60,6 +60,7 @@ struct ModelShowConfig {
 
 struct ConvertConfig {
   std::string images, labels, out;  // idx, npy (labels optional for npy)
+  std::string targets;              // npy: /targets (optional)
   int shards = 1;
   std::string layout = "nchw";      // npy: nchw | nhwc
   std::string root;                 // images: ROOT/<class>/<image>

@@ -146,6 +146,12 @@ void show(const ModelShowConfig& c, const std::string& precision) {
       "(about 3x that per trained sample)\n",
       plan.nodes.size(), static_cast<long long>(total_params),
       (human(double(total_params) * 4) + "B").c_str(), human(total_flops).c_str());
+  std::string metrics;
+  for (const auto& m : plan.loss.metrics) metrics += (metrics.empty() ? "" : ", ") + m;
+  std::printf("loss: %s, computed in fp32 against %s%s%s\n", plan.loss.name().c_str(),
+              target_kind_name(plan.loss.target_kind()),
+              plan.loss.is_default() && !f.def().has_loss() ? " (the default)" : "",
+              metrics.empty() ? "" : ("; metrics: " + metrics).c_str());
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ bool parse_convert_npy(const std::vector<std::string>& args, ConvertConfig& c, s
   in.add_options()
       ("images", po::value(&c.images)->required(), "images: X.npy, X.npz:KEY or X.npz (one array); uint8 or float32")
       ("labels", po::value(&c.labels), "labels [N] of any integer dtype: Y.npy or Y.npz:KEY (none: unlabelled, for predict)")
+      ("targets", po::value(&c.targets), "targets [N, ...] as /targets: float (regression, multi-label 0/1) or integer labels per position (segmentation; -100 ignored): T.npy or T.npz:KEY")
       ("layout", value_or_default(&c.layout), "nchw | nhwc: the order of 4-d images");
   // clang-format on
   if (!parse_convert_format("convert npy", in, args, c, help)) return false;

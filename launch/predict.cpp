@@ -26,7 +26,7 @@ namespace ringtrain::launch {
 std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backend& backend,
                                  int64_t lo, int64_t hi, int64_t batch,
                                  const io::Normalization& norm, int32_t* labels) {
-  const int64_t classes = model.classes();
+  const int64_t classes = shape_numel(output_shape_of(model));  // outputs per sample
   std::vector<float> out(size_t((hi - lo) * classes));
   Context ctx{backend, model.compute_dtype(), /*training=*/false};
   Shape xs = {batch};
@@ -58,6 +58,14 @@ std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backe
     copy_bytes(out.data() + (start - lo) * classes, Device{}, logits.data, logits.device,
                size_t(b * classes) * sizeof(float));
   }
+  return out;
+}
+
+Shape output_shape_of(const Model& model) {
+  const LossSpec& loss = model.loss();
+  if (loss.target_kind() == TargetKind::labels) return {model.classes()};
+  Shape out = model.target_shape();
+  if (loss.target_kind() == TargetKind::int_targets) out.insert(out.begin(), model.classes());
   return out;
 }
 
@@ -93,9 +101,52 @@ struct PredictSetup {
   LoadedModel loaded;
   std::unique_ptr<io::Dataset> data;
   std::vector<std::string> class_names;
-  int64_t classes = 0, k = 1;
+  int64_t classes = 0, k = 1;  // classes: outputs per sample for a model file's own loss
+  Shape out_shape;             // one sample's output
+  bool own_loss = false;       // the model file declares its loss: outputs, no classes
   bool npy = false;
 };
+
+// A model with its own loss, into .h5: /outputs [N, output...] (in the targets' shape), and
+// /targets when the data has them.
+void write_outputs_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, int64_t lo,
+                      int64_t count, const std::vector<float>& outputs) {
+  const int64_t n = s.data->info().num_samples;
+  Shape shape = {n};
+  shape.insert(shape.end(), s.out_shape.begin(), s.out_shape.end());
+  const std::string tmp = cfg.out + ".tmp";
+  bool committed = false;
+  try {
+    io::H5Lock lock;
+    io::CollectiveFileScope collective;
+    io::ParallelH5Writer w(comm);
+    {
+      const std::vector<io::ChunkedExtent> extents = {
+          io::ParallelH5Writer::extent(shape, DType::f32)};
+      io::H5Id f =
+          w.create(tmp, io::h5_file_bytes_bound(extents, io::fs_block_size(tmp),
+                                                cfg.checkpoint.size() + cfg.data.size() + 1024));
+      io::write_attr(f, "format", std::string("ringtrain-predictions"));
+      io::write_attr(f, "format_version", int64_t(1));
+      io::write_attr(f, "checkpoint", cfg.checkpoint);
+      io::write_attr(f, "step", s.loaded.meta.step);
+      io::write_attr(f, "data", cfg.data);
+      io::write_attr(f, "loss", s.loaded.model->loss().name());
+      io::write_attr(f, "precision", std::string(dtype_name(cfg.precision)));
+      w.write_rows(f, "outputs", DType::f32, shape, lo, count, outputs.data(), true);
+      io::ParallelH5Writer::close(f, tmp);
+    }
+    MPI_Barrier(comm);
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    if (rank == 0) {
+      io::commit_output(tmp, cfg.out);
+      committed = true;
+    }
+  } catch (...) {
+    io::rethrow_write_failure(cfg.out, [&] { io::remove_quietly(committed ? cfg.out : tmp); });
+  }
+}
 
 // Removes `tmp` on this rank if `fn` throws, then rethrows.
 void write_h5(const PredictConfig& cfg, const PredictSetup& s, MPI_Comm comm, int64_t lo,
@@ -165,9 +216,10 @@ void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicat
   std::vector<float> all(comm.rank() == 0 ? size_t(n * c) : 0);
   comm.gatherv(scores.data(), all.data(), counts, DType::f32, 0);
   if (comm.rank() != 0) return;
-  io::write_outputs({cfg.out}, [&](std::string*) {
-    io::write_npy_f32(cfg.out + ".tmp", all.data(), {n, c});
-  });
+  Shape shape = {n};
+  shape.insert(shape.end(), s.out_shape.begin(), s.out_shape.end());
+  io::write_outputs({cfg.out},
+                    [&](std::string*) { io::write_npy_f32(cfg.out + ".tmp", all.data(), shape); });
 }
 
 }  // namespace
@@ -189,9 +241,20 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
     s.loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *s.backend);
     s.data = std::make_unique<io::Dataset>(cfg.data, /*labels_required=*/false);
     require_data_fits(*s.loaded.model, s.data->info(), cfg.checkpoint);
-    s.classes = s.loaded.model->classes();
+    s.own_loss = !s.loaded.model->loss().is_default();
+    s.out_shape = output_shape_of(*s.loaded.model);
+    RT_REQUIRE(!s.own_loss || !cfg.probabilities,
+               "--probabilities is for classifiers; the model "
+               "of checkpoint '",
+               cfg.checkpoint, "' trains with the loss '", s.loaded.model->loss().name(),
+               "' and predicts outputs of shape ", shape_str(s.out_shape));
+    s.classes = s.own_loss ? shape_numel(s.out_shape) : s.loaded.model->classes();
     // One rule with `sample`: a K above the model's classes is an error, not clamped; only
     // the default (5) is lowered for a model of fewer classes.
+    RT_REQUIRE(!cfg.top_k_given || !s.own_loss,
+               "--top-k is for classifiers; the model of "
+               "checkpoint '",
+               cfg.checkpoint, "' trains with the loss '", s.loaded.model->loss().name(), "'");
     RT_REQUIRE(!cfg.top_k_given || cfg.top_k <= s.classes, "--top-k ", cfg.top_k,
                " is not valid; expected 1 to ", s.classes, " (the model's classes)");
     s.k = std::min<int64_t>(cfg.top_k, s.classes);
@@ -219,11 +282,21 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
     if (cfg.probabilities) softmax_rows(scores.data(), hi - lo, s.classes);
     if (s.npy)
       write_npy(cfg, s, comm, hi - lo, scores);
+    else if (s.own_loss)
+      write_outputs_h5(cfg, s, comm.mpi(), lo, hi - lo, scores);
     else
       write_h5(cfg, s, comm.mpi(), lo, hi - lo, scores, labels);
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (comm.rank() == 0)
+  if (comm.rank() == 0 && s.own_loss)
+    std::printf(
+        "predicted %lld samples of %s with %s (step %lld, %s) into %s: outputs of shape %s "
+        "(loss %s), %.0f samples/s\n",
+        static_cast<long long>(n), cfg.data.c_str(), cfg.checkpoint.c_str(),
+        static_cast<long long>(s.loaded.meta.step), dtype_name(cfg.precision), cfg.out.c_str(),
+        shape_str(s.out_shape).c_str(), s.loaded.model->loss().name().c_str(),
+        double(n) / std::max(secs, 1e-9));
+  else if (comm.rank() == 0)
     std::printf(
         "predicted %lld samples of %s with %s (step %lld, %s) into %s: %s of %lld classes%s, "
         "%.0f samples/s\n",

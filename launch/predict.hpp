@@ -18,6 +18,9 @@ namespace ringtrain::launch {
 // The fp32 logits [hi - lo, classes] of samples [lo, hi) (normalised by `norm`, as the
 // model was trained), batch by batch, copied to host memory; their labels into `labels`
 // (hi - lo values) when it is not null.
+// One sample's output: [classes] for a classifier, else the shape of the targets of the model
+// file's loss ([classes, target...] for per-position cross-entropy).
+Shape output_shape_of(const Model& model);
 std::vector<float> forward_slice(Model& model, io::Dataset& data, kernels::Backend& backend,
                                  int64_t lo, int64_t hi, int64_t batch,
                                  const io::Normalization& norm, int32_t* labels = nullptr);

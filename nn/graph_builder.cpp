@@ -82,8 +82,12 @@ ModelPlan plan_model(const ModelFile& file) {
   plan.classes = file.classes();
   RT_REQUIRE(!plan.input.empty() && shape_numel(plan.input) > 0, "model '", file.name(),
              "' needs a non-empty input shape, got ", shape_str(plan.input));
-  RT_REQUIRE(plan.classes >= 2, "model '", file.name(), "' needs at least 2 classes, got ",
-             plan.classes);
+  plan.loss = loss_spec_of(file);
+  plan.target = file.target_shape();
+  const bool labels = plan.loss.target_kind() == TargetKind::labels;
+  RT_REQUIRE(plan.classes >= 2 ||
+                 (plan.loss.target_kind() == TargetKind::float_targets && plan.classes == 0),
+             "model '", file.name(), "' needs at least 2 classes, got ", plan.classes);
   RT_REQUIRE(m.node_size() > 0, file.origin(), ": model '", file.name(), "' has no nodes");
 
   // 1. Expansion.
@@ -245,7 +249,10 @@ ModelPlan plan_model(const ModelFile& file) {
                        "vocabulary has ",
                        plan.classes, "; use a model with a vocabulary (padded_vocab) of at least ",
                        plan.classes));
-  if (!per_token && last.out != Shape{plan.classes})
+  if (!labels)
+    check_loss_output(plan.loss, last.out, plan.target, plan.classes,
+                      cat(file.where(*last.source), ": node '", last.name, "': "));
+  else if (!per_token && last.out != Shape{plan.classes})
     graph::fail_at(file.where(*last.source), last.name,
                    cat("the model's output has shape ", shape_str(last.out),
                        " per sample, but the data has ", plan.classes, " classes (expected [",
@@ -421,6 +428,7 @@ std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
   try {
     auto model = std::make_unique<Model>(std::move(nodes), compute, file.normalised());
     model->set_io(plan.input, plan.classes);
+    model->set_loss(plan.loss, plan.target);
     return model;
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::input) throw;

@@ -30,6 +30,8 @@ struct PlannedNode {
 struct ModelPlan {
   Shape input;
   int64_t classes = 0;
+  LossSpec loss;                   // the file's loss block
+  Shape target;                    // one sample's /targets shape (empty: labels, or not known)
   std::vector<PlannedNode> nodes;  // in topological order; the last is the output
 };
 

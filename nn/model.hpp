@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/layers.hpp"
+#include "nn/loss.hpp"
 
 namespace ringtrain {
 
@@ -63,6 +64,14 @@ class Model {
   void set_io(Shape input, int64_t classes) {
     input_ = std::move(input);
     classes_ = classes;
+  }
+  // The loss of the model file (softmax cross-entropy for a model built in code), and one
+  // sample's target shape (empty for labels).
+  const LossSpec& loss() const { return loss_; }
+  const Shape& target_shape() const { return target_; }
+  void set_loss(LossSpec spec, Shape target) {
+    loss_ = std::move(spec);
+    target_ = std::move(target);
   }
   DType compute_dtype() const { return compute_; }
   int64_t num_params() const { return num_params_; }
@@ -178,6 +187,8 @@ class Model {
   std::string text_;
   Shape input_;
   int64_t classes_ = 0;
+  LossSpec loss_{{LossTerm{}}, {}};
+  Shape target_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<int>> inputs_;
   DType compute_;

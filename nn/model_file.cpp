@@ -324,6 +324,19 @@ Shape ModelFile::input_shape() const {
 
 int64_t ModelFile::classes() const { return def_->classes(); }
 
+void ModelFile::set_target_shape(const Shape& target, const std::string& data) {
+  const Shape declared = target_shape();
+  RT_REQUIRE(declared.empty() || declared == target, where(*def_, "target_shape"), ": model '",
+             name(), "' takes targets of shape ", shape_str(declared), " but ", data, " has ",
+             shape_str(target));
+  def_->clear_target_shape();
+  for (int64_t d : target) def_->add_target_shape(d);
+}
+
+Shape ModelFile::target_shape() const {
+  return Shape(def_->target_shape().begin(), def_->target_shape().end());
+}
+
 void ModelFile::add_layer_precision(const std::string& list) {
   size_t start = 0;
   while (start < list.size()) {

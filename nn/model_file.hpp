@@ -62,6 +62,10 @@ class ModelFile {
   void set_data_shape(const Shape& sample, int64_t classes, const std::string& data);
   Shape input_shape() const;
   int64_t classes() const;
+  // One sample's shape of the data's /targets (empty: labels, or not known yet); an input
+  // error when the file states another.
+  void set_target_shape(const Shape& target, const std::string& data);
+  Shape target_shape() const;
   // --layer-precision LIST ("conv1=fp32,stage2=bf16"), checked when the model is built.
   void add_layer_precision(const std::string& list);
 

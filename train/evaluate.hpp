@@ -19,6 +19,10 @@ struct EvalResult {
   double loss = 0, accuracy = 0;  // token data: nats/token, and per token
   int64_t samples = 0;            // images, or windows
   int64_t tokens = 0;             // token data: the targets scored
+  // A model file's loss block: its metrics in the file's order (name, value), and those with
+  // one value per label or class (f1, mean_iou: name, values).
+  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<std::pair<std::string, std::vector<double>>> per_output;
 };
 
 // Plain cross-entropy (no label smoothing), whatever the training loss was. With
@@ -27,6 +31,12 @@ struct EvalResult {
 EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
                     kernels::Backend& backend, int64_t batch, const io::Normalization& norm,
                     std::vector<double>* confusion = nullptr);
+
+// A model whose file declares a loss (Model::loss() not the default): the mean of that loss
+// over the samples (each batch's loss times its samples) and every metric the file names,
+// from sums over all ranks. Reads /targets for a loss on targets.
+EvalResult evaluate_loss(Model& model, io::Dataset& data, comm::Communicator& comm,
+                         kernels::Backend& backend, int64_t batch, const io::Normalization& norm);
 
 // A language model on token data: every target of all data.num_windows() non-overlapping
 // windows of data.seq_len() tokens (set_seq_len() first), `batch` windows per forward pass.

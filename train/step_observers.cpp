@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -184,6 +185,14 @@ void HistogramObserver::end_step(const StepRecord& r) {
 
 // --- WindowReporter
 
+namespace {
+std::string fixed_str(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+}  // namespace
+
 std::string duration_str(double seconds) {
   const int64_t s = int64_t(seconds + 0.5);
   if (s >= 3600) return cat(s / 3600, "h", (s / 60) % 60 < 10 ? "0" : "", (s / 60) % 60, "m");
@@ -201,11 +210,14 @@ std::string WindowReporter::window_line(const StepRecord& r, double* samples_per
   const double sps = samples / std::max(secs, 1e-9);
   const double eta = double(r.total_steps - r.step) * secs / double(window_steps_);
   const double tps = sps * double(std::max<int64_t>(seq_len_, 1));  // tokens (or samples)/s
-  char line[240];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld epoch %lld loss %.4f acc %.3f scale %g lr %g %.0f %s/s ETA %s",
+  char line[320];
+  const std::string loss_part =
+      loss_name_.empty() ? cat("loss ", fixed_str(loss, 4), " acc ", fixed_str(acc, 3))
+      : accuracy_ ? cat("loss(", loss_name_, ") ", fixed_str(loss, 4), " acc ", fixed_str(acc, 3))
+                  : cat("loss(", loss_name_, ") ", fixed_str(loss, 4));
+  std::snprintf(line, sizeof line, "step %lld/%lld epoch %lld %s scale %g lr %g %.0f %s/s ETA %s",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
-                static_cast<long long>(r.epoch), loss, acc, r.loss_scale, r.lr, tps,
+                static_cast<long long>(r.epoch), loss_part.c_str(), r.loss_scale, r.lr, tps,
                 seq_len_ > 0 ? "tokens" : "samples", duration_str(eta).c_str());
   if (samples_per_sec) *samples_per_sec = sps;
   return line;
@@ -254,13 +266,12 @@ void WindowReporter::end_step(const StepRecord& r) {
       tensorboard_->scalar(tag, r.step, v);
     tensorboard_->flush();
   }
-  metrics_.write(JsonLine()
-                     .add("type", "step")
-                     .add("step", r.step)
-                     .add("epoch", r.epoch)
-                     .add("loss", loss)
-                     .add("accuracy", acc)
-                     .add("loss_scale", r.loss_scale)
+  JsonLine rec;
+  rec.add("type", "step").add("step", r.step).add("epoch", r.epoch);
+  if (!loss_name_.empty()) rec.add("loss_name", loss_name_);
+  rec.add("loss", loss);
+  if (accuracy_) rec.add("accuracy", acc);
+  metrics_.write(rec.add("loss_scale", r.loss_scale)
                      .add("lr", r.lr)
                      .add("samples_per_sec", sps)
                      .add("tokens_per_sec", tps)
@@ -276,14 +287,6 @@ void WindowReporter::end_step(const StepRecord& r) {
 }
 
 // --- RunSummary
-
-namespace {
-std::string fixed_str(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-}  // namespace
 
 void RunSummary::end_step(const StepRecord& r) {
   if (steps_++ == 0) first_step_ = r.step;
@@ -312,7 +315,9 @@ std::string RunSummary::totals(int64_t step, int64_t total) const {
 std::string RunSummary::best_eval() const {
   if (best_step_ < 0) return "";
   return cat("best val loss ", fixed_str(best_loss_, 4), seq_len_ > 0 ? " nats/token" : "",
-             " (accuracy ", fixed_str(best_accuracy_, 4), ") at step ", best_step_);
+             std::isnan(best_accuracy_) ? std::string()
+                                        : cat(" (accuracy ", fixed_str(best_accuracy_, 4), ")"),
+             " at step ", best_step_);
 }
 
 }  // namespace ringtrain::launch

@@ -230,6 +230,12 @@ class WindowReporter : public StepObserver {
         tensorboard_(tensorboard) {}
   void begin_run() override;
   void end_step(const StepRecord& record) override;
+  // A model file's loss (not softmax cross-entropy on labels): the line and the records name
+  // it ("loss(mse) 0.0123"), and give an accuracy only when the loss has one.
+  void set_loss(std::string name, bool accuracy) {
+    loss_name_ = std::move(name);
+    accuracy_ = accuracy;
+  }
 
   static constexpr double kRedrawSeconds = 0.5;
 
@@ -239,6 +245,8 @@ class WindowReporter : public StepObserver {
 
   int64_t log_every_, global_batch_, seq_len_;
   int world_size_;
+  std::string loss_name_;  // empty: the default loss
+  bool accuracy_ = true;
   Console& console_;
   MetricsWriter& metrics_;
   EventWriter* tensorboard_;

@@ -2,6 +2,7 @@
 // the phase boundaries; checkpoints, evaluation and the run loop with its stop on a signal.
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,10 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
 
 kernels::XentResult Trainer::loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
                                                const Tensor& dlogits) {
+  if (!model_->loss().is_default()) {
+    if (!loss_fn_) loss_fn_ = std::make_unique<LossFunction>(model_->loss());
+    return loss_fn_->apply(*backend_, logits, y, scale, &dlogits, cfg_.label_smoothing);
+  }
   if (logits.shape.size() != 3)
     return backend_->softmax_xent(logits, y, scale, &dlogits, cfg_.label_smoothing);
   // A language model: logits [B, T, V] against targets [B, T], the cross-entropy of every
@@ -301,6 +306,14 @@ void Trainer::report_finished_save() {
                      .add("async", true));
 }
 
+namespace {
+std::string fixed4(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+}  // namespace
+
 bool Trainer::run_eval() {
   finish_weight_gather();
   if (!val_ && !val_tokens_) return false;
@@ -309,7 +322,9 @@ bool Trainer::run_eval() {
   // Collective (its sums): an error in it ends the job from the rank that saw it.
   // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
   const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
+  const bool own_loss = !val_tokens_ && model_->loss().own_evaluation();
   const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
+                       : own_loss  ? evaluate_loss(*model_, *val_, comm_, *backend_, batch, norm_)
                                    : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
   char line[240];
   // -1: not byte tokens (no bits/byte)
@@ -323,6 +338,13 @@ bool Trainer::run_eval() {
                   static_cast<long long>(step_), r.loss, bpb, r.accuracy,
                   static_cast<long long>(r.samples), static_cast<long long>(val_tokens_->seq_len()),
                   dtype_name(model_->compute_dtype()));
+  } else if (own_loss) {
+    std::string metrics;
+    for (const auto& [name, value] : r.metrics) metrics += cat(" ", name, " ", fixed4(value));
+    std::snprintf(
+        line, sizeof line, "eval step %lld: val loss(%s) %.4f%s (%lld samples, computed in %s)",
+        static_cast<long long>(step_), model_->loss().name().c_str(), r.loss, metrics.c_str(),
+        static_cast<long long>(r.samples), dtype_name(model_->compute_dtype()));
   } else {
     std::snprintf(line, sizeof line,
                   "eval step %lld: val loss %.4f accuracy %.4f (%lld samples, computed in %s)",
@@ -336,16 +358,20 @@ bool Trainer::run_eval() {
     tensorboard_->flush();
   }
   JsonLine record;
-  record.add("type", "eval")
-      .add("step", step_)
-      .add("split", "val")
-      .add("loss", r.loss)
-      .add("accuracy", r.accuracy)
-      .add("precision", dtype_name(model_->compute_dtype()));
+  record.add("type", "eval").add("step", step_).add("split", "val");
+  if (own_loss) record.add("loss_name", model_->loss().name());
+  record.add("loss", r.loss);
+  if (!own_loss || model_->loss().reports_accuracy()) record.add("accuracy", r.accuracy);
+  for (const auto& [name, value] : r.metrics)
+    if (name != "accuracy") record.add(name, value);
+  record.add("precision", dtype_name(model_->compute_dtype()));
   if (val_tokens_) record.add("tokens", r.tokens);
   if (bits >= 0) record.add("bits_per_byte", bits);
   metrics_.write(record);
-  track_best(r.loss, r.accuracy);
+  const bool has_accuracy =
+      !own_loss || model_->loss().reports_accuracy() ||
+      std::count(model_->loss().metrics.begin(), model_->loss().metrics.end(), "accuracy") > 0;
+  track_best(r.loss, has_accuracy ? r.accuracy : NAN);
   return true;
 }
 

@@ -78,6 +78,9 @@ class Trainer {
   void setup_inputs();
   // The training (and validation) data of the kind the model takes: its sample shape and
   // classes ([T] and the vocabulary for token data) for the model file.
+  // Input error unless the data holds what the model file's loss reads (labels, float or
+  // integer targets).
+  void require_targets_fit_loss(const ModelFile& file);
   std::pair<Shape, int64_t> setup_data();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
@@ -106,8 +109,9 @@ class Trainer {
   // ready.
   kernels::XentResult forward_backward(const io::Batch& batch, int64_t micro, float scale,
                                        int64_t step);
-  // The loss of the logits against the labels (classifier) or target tokens (language
-  // model: logits [B, T, V]), and dlogits.
+  std::unique_ptr<LossFunction> loss_fn_;  // a model file's loss block (nn/loss.hpp)
+  // The loss of the logits against the labels (classifier), the model file's loss against
+  // the targets, or target tokens (language model: logits [B, T, V]), and dlogits.
   kernels::XentResult loss_and_gradient(const Tensor& logits, const Tensor& y, float scale,
                                         const Tensor& dlogits);
   // After the reduction: the sums unscaled by 1 / (loss scale x ranks x micro-batches) and

@@ -111,9 +111,9 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
     loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, comm_.rank(),
                                            comm_.size(), cfg_.prefetch);
   } else {
-    loader_ =
-        std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(),
-                                     norm_, cfg_.prefetch, io::parse_augment(cfg_.augment));
+    loader_ = std::make_unique<io::Loader>(
+        *data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(), norm_, cfg_.prefetch,
+        io::parse_augment(cfg_.augment), model_->loss().target_kind() != TargetKind::labels);
   }
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);

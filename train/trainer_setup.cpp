@@ -120,9 +120,13 @@ void Trainer::setup_inputs() {
   RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
              "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  // What the loss reads, before the data's shape and classes meet the model file.
+  if (data_) require_targets_fit_loss(ModelFile::load(cfg_.model));
   model_file_ = std::make_unique<ModelFile>(
       load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
                          cat("--data '", cfg_.data, "'")));
+  if (data_ && loss_spec_of(*model_file_).target_kind() != TargetKind::labels)
+    model_file_->set_target_shape(data_->info().target_shape, cat("--data '", cfg_.data, "'"));
   RT_REQUIRE(!val_ || val_->info().num_classes <= classes, "--val-data '", cfg_.val_data, "' has ",
              val_ ? val_->info().num_classes : 0, " classes but the model predicts ", classes);
   if (cfg_.recompute == "blocks") {
@@ -147,10 +151,12 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
   if (!lm.takes_tokens) {
     RT_REQUIRE(cfg_.seq_len == 0, "--seq-len ", cfg_.seq_len, " is for token data; ", who,
                " takes images and labels");
-    data_ = std::make_unique<io::Dataset>(cfg_.data);
+    // Labels or targets: which of them the model's loss reads is checked once the model file
+    // is read (require_targets_fit_loss).
+    data_ = std::make_unique<io::Dataset>(cfg_.data, false);
     const auto& info = data_->info();
     if (!cfg_.val_data.empty()) {
-      val_ = std::make_unique<io::Dataset>(cfg_.val_data);
+      val_ = std::make_unique<io::Dataset>(cfg_.val_data, false);
       RT_REQUIRE(val_->info().sample_shape == info.sample_shape, "--val-data '", cfg_.val_data,
                  "' has samples of shape ", shape_str(val_->info().sample_shape),
                  " but --data has ", shape_str(info.sample_shape));
@@ -212,6 +218,41 @@ void Trainer::check_memory_budget() {
   memory_budget_ = budget;
   const std::string refusal = check_budget(plan_model_, s, budget, cfg_.memory_budget);
   if (!refusal.empty()) throw_input(refusal);
+}
+
+void Trainer::require_targets_fit_loss(const ModelFile& file) {
+  const LossSpec spec = loss_spec_of(file);
+  RT_REQUIRE(cfg_.keep_best != "val_accuracy" || spec.reports_accuracy() ||
+                 std::count(spec.metrics.begin(), spec.metrics.end(), "accuracy") > 0,
+             "--keep-best val_accuracy: the loss '", spec.name(), "' of model '", file.name(),
+             "' has no accuracy; use --keep-best val_loss (or add metric: \"accuracy\" to a loss "
+             "that has one)");
+  const TargetKind want = spec.target_kind();
+  for (const auto& [option, data] :
+       {std::pair<const char*, io::Dataset*>{"--data", data_.get()}, {"--val-data", val_.get()}}) {
+    if (!data) continue;
+    const auto& info = data->info();
+    RT_REQUIRE(info.has_labels || info.has_targets, "dataset '", info.path,
+               "' has no /labels; training and eval need labelled data (`ringtrain predict` "
+               "reads unlabelled data)");
+    const bool ok = want == TargetKind::labels ? info.has_labels
+                    : want == TargetKind::float_targets
+                        ? info.has_targets && info.target_dtype == DType::f32
+                        : info.has_targets && info.target_dtype == DType::i32;
+    const std::string has = info.has_targets
+                                ? cat(info.target_dtype == DType::f32 ? "float32" : "integer",
+                                      " /targets of shape ", shape_str(info.target_shape))
+                            : info.has_labels ? std::string("integer /labels only")
+                                              : std::string("neither /labels nor /targets");
+    RT_REQUIRE(
+        ok, option, " '", info.path, "' has ", has, ", but the loss '", spec.name(), "' of model '",
+        file.name(), "' reads ", target_kind_name(want),
+        want == TargetKind::labels ? "" : " (write them with `ringtrain convert npy --targets`)");
+    if (want == TargetKind::labels) continue;
+    RT_REQUIRE(data == data_.get() || info.target_shape == data_->info().target_shape, option, " '",
+               info.path, "' has targets of shape ", shape_str(info.target_shape),
+               " but --data has ", shape_str(data_->info().target_shape));
+  }
 }
 
 DType Trainer::wire_dtype() const {
@@ -279,9 +320,12 @@ void Trainer::add_observers() {
   if (tensorboard_ && cfg_.histogram_every > 0 && !sharded)
     observers_.add(std::make_unique<HistogramObserver>(*model_, strategy_->grad32(),
                                                        cfg_.histogram_every, *tensorboard_));
-  observers_.add(std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
-                                                  tokens_ ? tokens_->seq_len() : 0, comm_.size(),
-                                                  console_, metrics_, tensorboard_.get()));
+  auto reporter = std::make_unique<WindowReporter>(cfg_.log_every, global_batch_,
+                                                   tokens_ ? tokens_->seq_len() : 0, comm_.size(),
+                                                   console_, metrics_, tensorboard_.get());
+  if (!model_->loss().is_default())
+    reporter->set_loss(model_->loss().name(), model_->loss().reports_accuracy());
+  observers_.add(std::move(reporter));
   auto summary = std::make_unique<RunSummary>(global_batch_, tokens_ ? tokens_->seq_len() : 0);
   summary_ = summary.get();
   observers_.add(std::move(summary));

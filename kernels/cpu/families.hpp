@@ -14,4 +14,5 @@
   X(embedding)  /* cpu_embedding.cpp */                                                 \
   X(layernorm)  /* cpu_layernorm.cpp */                                                 \
   X(attention)  /* cpu_attention.cpp */                                                 \
-  X(token_xent) /* cpu_token_xent.cpp */
+  X(token_xent) /* cpu_token_xent.cpp */                                                \
+  X(loss)       /* cpu_loss.cpp: regression, multi-label and per-pixel losses */

@@ -139,6 +139,12 @@ class CudaBackend final : public Backend {
                              const Tensor& dout, const Tensor& lse, const Tensor& dqkv) override;
   XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                            float grad_scale, const Tensor* dlogits) override;
+  // loss_ops.cpp: the losses beyond classification
+  double do_pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
+                           float delta, const Tensor* pos_weight, float grad_scale,
+                           const Tensor* dpred, bool accumulate) override;
+  PixelXentResult do_pixel_xent(const Tensor& logits, const Tensor& labels, int32_t ignore_index,
+                                float grad_scale, const Tensor* dlogits, bool accumulate) override;
 
  private:
   cudaStream_t stream() const { return rt_.stream(); }

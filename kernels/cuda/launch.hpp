@@ -101,4 +101,18 @@ void launch_token_xent(const float* logits, const int32_t* targets, int64_t rows
                        int64_t vocab, float g, float* dlogits, double* row_loss,
                        int32_t* row_correct, int32_t* bad, cudaStream_t s);
 
+// ---- loss.cu ---------------------------------------------------------------------------
+// Per element: loss (double) into loss[n], and dpred = dloss/dpred * g (+ dpred when
+// accumulate); kind is kernels::PointwiseLoss as an int; pos_weight [k] or null.
+void launch_pointwise_loss(int kind, const float* pred, const float* target, int64_t n, int64_t k,
+                           double delta, const float* pos_weight, double g, float* dpred,
+                           bool accumulate, double* loss, cudaStream_t s);
+// *counted += the labels not equal to ignore_index; *bad = 1 when one is outside [0, c).
+void launch_pixel_count(const int32_t* labels, int64_t n, int32_t ignore_index, int64_t c,
+                        unsigned long long* counted, int32_t* bad, cudaStream_t s);
+// Per position of logits [n, c, s]: loss (double, 0 where ignored) and correct (0/1).
+void launch_pixel_xent(const float* logits, const int32_t* labels, int64_t n, int64_t c, int64_t s,
+                       int32_t ignore_index, double g, float* dlogits, bool accumulate,
+                       double* loss, int32_t* correct, cudaStream_t st);
+
 }  // namespace ringtrain::kernels::cuda

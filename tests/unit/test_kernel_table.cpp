@@ -157,6 +157,16 @@ const std::map<std::string, OpCall>& op_calls() {
          const Tensor logits = p.make({2, 4}, t);
          be.token_xent(logits, p.make({2}, i32), 3, 1.f, &logits);
        }},
+      {"pointwise_loss",
+       [](Backend& be, Pool& p, DType t) {
+         const Tensor pred = p.make({2, 3}, t), d = p.make({2, 3}, t);
+         be.pointwise_loss(PointwiseLoss::mse, pred, p.make({2, 3}, t), 1.f, nullptr, 1.f, &d);
+       }},
+      {"pixel_xent",
+       [](Backend& be, Pool& p, DType t) {
+         const Tensor logits = p.make({2, 3, 4}, t), d = p.make({2, 3, 4}, t);
+         be.pixel_xent(logits, p.make({2, 4}, i32), -100, 1.f, &d);
+       }},
   };
   return calls;
 }
