@@ -336,21 +336,26 @@ std::string check_budget(const PlanModel& m, const PlanSettings& s, int64_t budg
     return plan_memory(m, t).total() <= budget;
   };
   std::vector<std::string> ways;
+  int zero_fits = -1;  // the lowest higher stage that fits on these ranks as they are
   for (int z = s.zero + 1; z <= kMaxTrainZero; ++z)
     if (fits(z, s.recompute_blocks, s.world)) {
       ways.push_back(cat("--zero ", z));
+      zero_fits = z;
       break;
     }
+  // Recomputation, where it fits at a lower stage than a stage alone would.
   if (kTrainsRecompute && !s.recompute_blocks && m.blocks > 0)
-    for (int z = s.zero; z <= kMaxTrainZero; ++z)
+    for (int z = s.zero; z <= (zero_fits < 0 ? kMaxTrainZero : zero_fits - 1); ++z)
       if (fits(z, true, s.world)) {
         ways.push_back(cat("--zero ", z, " --recompute blocks"));
         break;
       }
-  // More ranks shard more (a stage of at least 1): the fewest that fit, per-rank batch kept.
+  // More ranks shard more (a stage of at least 1): the fewest that fit, per-rank batch kept;
+  // not asked for once a stage fits on these ranks. A higher stage is not always smaller
+  // (--zero 2's buckets in flight can outweigh the gradient of a small model).
   constexpr int kMaxWorld = 1 << 20;
-  for (int z = std::max(s.zero, 1); z <= kMaxTrainZero; ++z) {
-    if (fits(z, s.recompute_blocks, s.world) || !fits(z, s.recompute_blocks, kMaxWorld)) continue;
+  for (int z = std::max(s.zero, 1); z <= kMaxTrainZero && ways.empty(); ++z) {
+    if (!fits(z, s.recompute_blocks, kMaxWorld)) continue;
     int lo = s.world, hi = kMaxWorld;  // lo does not fit (or is this run's), hi does
     while (hi - lo > 1) {
       const int mid = lo + (hi - lo) / 2;
@@ -358,7 +363,6 @@ std::string check_budget(const PlanModel& m, const PlanSettings& s, int64_t budg
     }
     ways.push_back(
         cat("--zero ", z, s.recompute_blocks ? " --recompute blocks" : "", " on ", hi, " ranks"));
-    break;
   }
   const std::string head =
       cat("--memory-budget ", budget_text, " (", human_bytes(budget),
