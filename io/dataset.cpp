@@ -59,6 +59,25 @@ void require_complete_series(const std::vector<std::string>& files, const std::s
   }
 }
 
+// The sorted, distinct global indices `need` in runs that fall in one shard:
+// f(shard, rows within that shard, [lo, hi) of `need`).
+template <typename F>
+void for_each_shard_run(const std::vector<int64_t>& offsets, const std::vector<int64_t>& need,
+                        F&& f) {
+  const int64_t m = int64_t(need.size());
+  std::vector<int64_t> rows;
+  for (int64_t lo = 0; lo < m;) {
+    const size_t s = size_t(std::upper_bound(offsets.begin(), offsets.end(), need[size_t(lo)]) -
+                            offsets.begin() - 1);
+    int64_t hi = lo;
+    rows.clear();
+    while (hi < m && need[size_t(hi)] < offsets[s + 1])
+      rows.push_back(need[size_t(hi++)] - offsets[s]);
+    f(s, rows, lo, hi);
+    lo = hi;
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> resolve_dataset_files(const std::string& spec) {
@@ -165,17 +184,11 @@ void Dataset::read(const int64_t* idx, int64_t n, float* x, int32_t* y, const No
   const int64_t m = int64_t(need.size());
   raw_.resize(size_t(m * sample_bytes_));
   labels_.resize(size_t(m));
-  std::vector<int64_t> rows;
-  for (int64_t lo = 0; lo < m;) {
-    const size_t s =
-        size_t(std::upper_bound(offsets_.begin(), offsets_.end(), need[lo]) - offsets_.begin() - 1);
-    int64_t hi = lo;
-    rows.clear();
-    while (hi < m && need[hi] < offsets_[s + 1]) rows.push_back(need[hi++] - offsets_[s]);
-    shards_[s]->read_rows(rows.data(), hi - lo, raw_.data() + lo * sample_bytes_,
-                          labels_.data() + lo);
-    lo = hi;
-  }
+  for_each_shard_run(offsets_, need,
+                     [&](size_t s, const std::vector<int64_t>& rows, int64_t lo, int64_t hi) {
+                       shards_[s]->read_rows(rows.data(), hi - lo, raw_.data() + lo * sample_bytes_,
+                                             labels_.data() + lo);
+                     });
   if (cache_) {
     for (int64_t j = 0; j < m; ++j) {
       const size_t g = size_t(need[j]);
@@ -255,25 +268,19 @@ void Dataset::read_targets(const int64_t* idx, int64_t n, void* t) {
   need.erase(std::unique(need.begin(), need.end()), need.end());
   const int64_t m = int64_t(need.size());
   target_raw_.resize(size_t(m) * bytes);
-  std::vector<int64_t> rows;
-  for (int64_t lo = 0; lo < m;) {
-    const size_t s =
-        size_t(std::upper_bound(offsets_.begin(), offsets_.end(), need[lo]) - offsets_.begin() - 1);
-    int64_t hi = lo;
-    rows.clear();
-    while (hi < m && need[hi] < offsets_[s + 1]) rows.push_back(need[hi++] - offsets_[s]);
-    shards_[s]->read_target_rows(rows.data(), hi - lo, target_raw_.data() + size_t(lo) * bytes);
-    if (info_.target_dtype == DType::f32)
-      for (int64_t j = lo; j < hi; ++j) {
-        const float* f = reinterpret_cast<const float*>(target_raw_.data() + size_t(j) * bytes);
-        for (int64_t k = 0; k < per; ++k)
-          if (!std::isfinite(f[k]))
-            throw_input(cat("dataset '", shards_[s]->path(), "': sample ", need[j], " (row ",
-                            need[j] - offsets_[s], " of this file) holds target ", f[k],
-                            " at element ", k, "; float targets must be finite"));
-      }
-    lo = hi;
-  }
+  for_each_shard_run(
+      offsets_, need, [&](size_t s, const std::vector<int64_t>& rows, int64_t lo, int64_t hi) {
+        shards_[s]->read_target_rows(rows.data(), hi - lo, target_raw_.data() + size_t(lo) * bytes);
+        if (info_.target_dtype == DType::f32)
+          for (int64_t j = lo; j < hi; ++j) {
+            const float* f = reinterpret_cast<const float*>(target_raw_.data() + size_t(j) * bytes);
+            for (int64_t k = 0; k < per; ++k)
+              if (!std::isfinite(f[k]))
+                throw_input(cat("dataset '", shards_[s]->path(), "': sample ", need[j], " (row ",
+                                need[j] - offsets_[s], " of this file) holds target ", f[k],
+                                " at element ", k, "; float targets must be finite"));
+          }
+      });
   if (target_cache_)
     for (int64_t j = 0; j < m; ++j) {
       std::memcpy(target_cache_.get() + size_t(need[j]) * bytes,

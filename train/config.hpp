@@ -69,9 +69,9 @@ struct TrainConfig {
   std::string comm = "mpi";         // mpi | hierarchical | nccl
   DType wire_dtype = DType::f32;    // gradient dtype on the wire (default: the compute dtype)
   bool wire_dtype_given = false;
-  double bucket_mb = 25;       // gradient bucket size
-  bool overlap = true;         // allreduce buckets while backward runs
-  int zero = 0;                // 1: ZeRO-1, optimizer state and fp32 gradients sharded; 2: ZeRO-2
+  double bucket_mb = 25;  // gradient bucket size
+  bool overlap = true;    // allreduce buckets while backward runs
+  int zero = 0;           // 1: ZeRO-1, optimizer state and fp32 gradients sharded; 2: ZeRO-2
   // none | blocks: each repeat body's activations freed after forward, recomputed in backward
   std::string recompute = "none";
   double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)

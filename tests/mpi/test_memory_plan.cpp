@@ -1,8 +1,8 @@
 // The memory planner (train/memory_plan.hpp) against figures computed by hand from its
 // formulas, and against what the Trainer's buffers measure (core/memory_stats.hpp): the peak
 // of every category over a few steps within 10 % of the plan, for the MLP and gpt-tiny in
-// fp32 and bf16 at --zero 0, 1 and 2 (gpt-tiny at 1 with --recompute blocks), on this run's rank count; and the budget check's refusal
-// with the settings that would fit.
+// fp32 and bf16 at --zero 0, 1 and 2 (gpt-tiny at 1 with --recompute blocks), on this run's rank
+// count; and the budget check's refusal with the settings that would fit.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -97,7 +97,7 @@ TEST(MemoryPlan, Zero3Bf16AdamWIs16PerParameterOverW) {
     s.bucket_bytes = 25 << 20;
     const MemoryPlan p = launch::plan_memory(m, s);
     const int64_t shard = comm::ShardLayout(m.params, w).count(0);
-    const int64_t bucket = (25 << 20) / 2;  // bf16 on the wire
+    const int64_t bucket = (25 << 20) / 2;     // bf16 on the wire
     const int64_t in_flight = 3 * 2 * bucket;  // GradReducer::kMaxInFlight bf16 buckets
     // Masters 4, AdamW's two moments 8 and the fp32 sums of the gradient's shard 4 bytes per
     // element of the shard; the working weights are the shard in bf16 and the fp32 reads.
