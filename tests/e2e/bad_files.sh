@@ -182,6 +182,7 @@ pass "h5py's variable-length string attributes are read"
 # recomputed from its definition by tests/e2e/epoch_permutation.py.
 bad=$("$PY" - "$dir/nan.h5" "$(dirname "$0")" <<'PYEOF'
 import sys, h5py, numpy as np
+sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, sys.argv[-1])
 from epoch_permutation import permutation
 bad = permutation(42, 0, 256)[128]

@@ -173,6 +173,7 @@ pass "softmax_cross_entropy with metrics: eval reports accuracy $(grep -o 'accur
 # here from io/loader.cpp's definition (tests/e2e/epoch_permutation.py).
 badidx=$($PY - "$dir/np/train_x.npy" "$dir/np/train_y.npy" "$dir/nan_y.npy" "$(dirname "$0")" <<'PYEOF'
 import sys, numpy as np
+sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, sys.argv[-1])
 from epoch_permutation import permutation
 bad = permutation(42, 0, 256)[128]
