@@ -5,7 +5,8 @@
 // loader thread), forward, backward, reduce (the communication thread), gather (--zero 1's
 // all-gather, the communication thread), optimizer, eval,
 // save (between collective writes of a checkpoint), metrics (rank 0's metrics writer),
-// export (after `ringtrain export` built and checked the graph); and, where a checkpoint save
+// export (after `ringtrain export` built and checked the graph), doctor (`ringtrain doctor`,
+// before its link tests); and, where a checkpoint save
 // meets a write error without throwing (fault_requested), savewrite (this rank's direct chunk
 // write), saveflush (the HDF5 flush) and savecommit (rank 0's fsync and rename), each failing
 // as a full disk (ENOSPC).
@@ -25,7 +26,8 @@ bool fault_requested(const char* point, int64_t step = -1);
 
 // Test-only stall: RINGTRAIN_TEST_STALL=RANK:STEP:SECONDS[:gather|:reduce] holds rank RANK
 // back for SECONDS before step STEP, before its all-gather of that step under --zero 1, or
-// inside its gradient reduction of that step before it joins the first bucket's collective
+// inside its gradient reduction of that step before it joins the first bucket's collective;
+// in `ringtrain doctor`, STEP 0 holds it back before the link tests (multinode doctor.sh)
 // (the stall detection and flight-recorder tests, tests/e2e/stall.sh, zero.sh and
 // diagnose.sh). rank -1: no stall.
 struct StallHook {

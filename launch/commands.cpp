@@ -16,6 +16,7 @@
 #include "io/convert_text.hpp"
 #include "io/idx.hpp"
 #include "io/token_baselines.hpp"
+#include "launch/doctor.hpp"
 #include "launch/options.hpp"
 #include "launch/predict.hpp"
 #include "launch/sample.hpp"
@@ -70,6 +71,18 @@ int cmd_train(const std::vector<std::string>& args, comm::Communicator& comm) {
     Trainer::check_inputs(cfg, comm);
     if (comm.rank() == 0) std::cout << cfg.config_ini << std::flush;
     return 0;
+  }
+  if (cfg.preflight || cfg.preflight_strict) {
+    DoctorConfig check;
+    check.threads = cfg.threads;
+    const int marked = run_or_fail([&] { return run_doctor(check, comm); });
+    if (marked > 0 && cfg.preflight_strict) {
+      if (comm.rank() == 0)
+        std::cerr << "ringtrain: error: --preflight-strict: the pre-flight check marked " << marked
+                  << " outlier" << (marked == 1 ? "" : "s") << " (above); not training"
+                  << std::endl;
+      return 2;
+    }
   }
   // hierarchical, or on cuda NCCL or MPI staged through host memory; null: comm itself.
   std::unique_ptr<comm::Communicator> own = make_train_communicator(cfg, comm);

@@ -15,6 +15,7 @@
 #include "io/hdf5.hpp"
 #include "launch/analyze.hpp"
 #include "launch/commands.hpp"
+#include "launch/doctor.hpp"
 #include "train/job.hpp"
 #include "train/signals.hpp"
 #include "train/version.hpp"
@@ -38,6 +39,9 @@ const char* kUsage =
     "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
     "  analyze DIR                             where a stuck or slow job's ranks were (their\n"
     "                                          flight-recorder dumps)\n"
+    "  doctor                                  before a run: every rank's GEMM rate and memory\n"
+    "                                          bandwidth, every link's latency and bandwidth;\n"
+    "                                          outliers marked\n"
     "  --version                               ringtrain and every library built in\n"
     "`ringtrain <command> --help` lists a command's options.\n";
 
@@ -94,10 +98,11 @@ int main(int argc, char** argv) {
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
     if (command == "analyze") return cmd_analyze(args, world);
+    if (command == "doctor") return cmd_doctor(args, world);
     run_and_agree(world, [&] {
       throw_input(cat("unknown command '", command,
                       "'; expected train, eval, predict, sample, export, convert, "
-                      "inspect, model, analyze or --version"));
+                      "inspect, model, analyze, doctor or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;

@@ -184,7 +184,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("straggler-threshold", value_or_default(&c.straggler_threshold), "name a rank whose compute before the gradient reduction exceeds the ranks' median by this fraction (> 0)")
       ("straggler-window", value_or_default(&c.straggler_window), "steps per straggler comparison: the ranks trade their times every N steps (0: no detection)")
       ("prometheus-file", po::value(&c.prometheus_file), "Prometheus text-exposition file (node_exporter's textfile collector), replaced every --prometheus-every seconds; {rank} in the name: one file per rank, else rank 0's")
-      ("prometheus-every", value_or_default(&c.prometheus_every), "seconds between rewrites of --prometheus-file (> 0)");
+      ("prometheus-every", value_or_default(&c.prometheus_every), "seconds between rewrites of --prometheus-file (> 0)")
+      ("preflight", po::bool_switch(&c.preflight), "first run `ringtrain doctor` (its defaults, this run's --threads): outliers are warnings")
+      ("preflight-strict", po::bool_switch(&c.preflight_strict), "as --preflight, but an outlier ends the job with exit 2 before training");
   po::options_description debug = debug_options();
   debug.add_options()
       ("check-numerics", po::bool_switch(&c.check_numerics), "find and name the first layer and rank with inf/nan each step");

@@ -84,13 +84,14 @@ struct TrainConfig {
   std::string timeline;           // Chrome-trace file (written by rank 0)
   std::string timeline_steps = "1:10";
   // Diagnostics (docs/usage.md, "Diagnosing a slow or stuck job").
-  int64_t flight_recorder = 4096;         // entries per rank's ring (0: off)
-  std::string debug_dir;                  // flight-recorder dumps ("": --checkpoint-dir)
-  int64_t flight_recorder_dump_step = 0;  // also dump after this step (0: never)
-  double straggler_threshold = 0.5;       // slower than the median by this fraction
-  int64_t straggler_window = 50;          // steps per comparison (0: no detection)
-  std::string prometheus_file;            // textfile-collector file ("{rank}": one per rank)
-  double prometheus_every = 15;           // seconds between rewrites
+  int64_t flight_recorder = 4096;                    // entries per rank's ring (0: off)
+  std::string debug_dir;                             // flight-recorder dumps ("": --checkpoint-dir)
+  int64_t flight_recorder_dump_step = 0;             // also dump after this step (0: never)
+  bool preflight = false, preflight_strict = false;  // `ringtrain doctor` before the run
+  double straggler_threshold = 0.5;                  // slower than the median by this fraction
+  int64_t straggler_window = 50;                     // steps per comparison (0: no detection)
+  std::string prometheus_file;   // textfile-collector file ("{rank}": one per rank)
+  double prometheus_every = 15;  // seconds between rewrites
   // The options as --print-config prints them (key = value lines), for the metrics' start
   // record and TensorBoard; filled by parse_train.
   std::string config_ini;
