@@ -10,7 +10,10 @@
 #     with its host, by step 10, in one warning line and a `straggler` record; analyze of the
 #     dumps of --flight-recorder-dump-step names rank 1 as the slowest;
 #  3. the same run without the delay names nobody;
-# and SIGUSR2 (to mpirun, which forwards it) makes every rank dump while training goes on.
+# and SIGUSR2 (to mpirun, which forwards it) makes every rank dump while training goes on;
+#  4. `train --preflight` prints the doctor's table and trains; `--preflight-strict` with rank 1
+#     pinned to a core a busy loop holds (at nice 10) names rank 1 and ends with exit 2
+#     before training; a bad doctor option at 2 ranks: one message, exit 1.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir diagnose)
 host=$(hostname)
@@ -167,3 +170,31 @@ if grep -q "straggler:" "$dir/clean.err" || grep -qF "\"type\":\"straggler\"" "$
   fail "a clean run named a straggler"
 fi
 pass "hang: rank 2 and seq $seq named, dumps $late s after the wait began; straggler rank 1 named; clean run quiet"
+
+# --- 4. the pre-flight check
+mpi 2 "$BIN" train "${common[@]}" --steps 3 --preflight >"$dir/pre.out" 2>&1 ||
+  { cat "$dir/pre.out"; fail "train --preflight exited $?"; }
+contains "ringtrain doctor: 2 ranks on 1 node" <"$dir/pre.out" || fail "no doctor table before training: $(cat "$dir/pre.out")"
+grep -q "^step 3/3" "$dir/pre.out" || fail "train --preflight did not train: $(cat "$dir/pre.out")"
+cat >"$dir/pin.sh" <<'EOF'
+#!/usr/bin/env bash
+if [[ $OMPI_COMM_WORLD_RANK == 1 ]]; then exec taskset -c 1 nice -n 10 "$@"; fi
+exec taskset -c 0 "$@"
+EOF
+chmod +x "$dir/pin.sh"
+taskset -c 1 bash -c 'while :; do :; done' &
+busy=$!
+rc=0
+mpi 2 --bind-to none "$dir/pin.sh" "$BIN" train "${common[@]}" --steps 3 --preflight-strict \
+  --checkpoint-dir "$dir/pre-strict" >"$dir/pre-strict.out" 2>&1 || rc=$?
+kill "$busy"
+cat "$dir/pre-strict.out"
+((rc == 2)) || fail "--preflight-strict with rank 1 on a busy core exited $rc, expected 2"
+contains "rank 1 on $host: GEMM" <"$dir/pre-strict.out" || fail "--preflight-strict did not name rank 1"
+[[ $(grep -c "ringtrain: error" "$dir/pre-strict.out") == 1 ]] || fail "not one error message"
+if grep -q "^step " "$dir/pre-strict.out"; then fail "--preflight-strict trained after an outlier"; fi
+rc=0
+out=$(mpi 2 "$BIN" doctor --outlier 1.5 2>&1) || rc=$?
+((rc == 1)) || fail "doctor --outlier 1.5 exited $rc, expected 1: $out"
+[[ $(grep -c "ringtrain: error: .*--outlier" <<<"$out") == 1 ]] || fail "not one message naming --outlier: $out"
+pass "--preflight prints the doctor table and trains; --preflight-strict stops on rank 1's busy core (exit 2); bad --outlier: exit 1"
