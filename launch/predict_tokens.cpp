@@ -219,12 +219,16 @@ void run_token_predict(const PredictConfig& cfg, comm::Communicator& comm, Model
   const int64_t n = s.data->num_windows(), t = s.data->seq_len();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
   double sums[2] = {0, 0};  // loss summed over tokens, correct tokens
+  // The forward passes have no collective: an input error in them (a token outside the
+  // vocabulary) is agreed on before any rank creates the output.
+  TokenPredictions p;
+  run_and_agree(comm,
+                [&] { p = predict_windows(cfg, model, *s.data, backend, lo, hi, s.batch, s.k); });
+  for (int64_t i = 0; i < hi - lo; ++i) {
+    sums[0] += p.loss[size_t(i)] * double(t);
+    sums[1] += p.correct[size_t(i)];
+  }
   run_or_fail([&] {
-    const TokenPredictions p = predict_windows(cfg, model, *s.data, backend, lo, hi, s.batch, s.k);
-    for (int64_t i = 0; i < hi - lo; ++i) {
-      sums[0] += p.loss[size_t(i)] * double(t);
-      sums[1] += p.correct[size_t(i)];
-    }
     write_token_h5(cfg, s, comm.mpi(), lo, hi - lo, p);
     comm.allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
   });

@@ -195,5 +195,24 @@ bad "train --eval-windows 0" "--eval-windows 0 is not valid: must be > 0" "$BIN"
   --data 'data/c-*-of-*.h5' --val-data data/c-val.h5 --eval-windows 0 --steps 1
 bad "train --eval-windows without --val-data" "--eval-windows needs --val-data" "$BIN" train \
   "${tiny[@]}" --data 'data/c-*-of-*.h5' --eval-windows 3 --steps 1
-[[ ! -e bad.h5 && ! -e bad.npy ]] || fail "a refused predict left an output"
-pass "--top-k 0 and > vocabulary, bad --logits-range (syntax, order, beyond the windows, over 2^28 values), .npy and --probabilities for token data, --eval-windows 0/-2 (eval, train) and without --val-data: exit 1, one message"
+# A token outside the vocabulary at 7/8 of the stream, in a window only rank 1 reads: found
+# in its forward passes and agreed on before any rank creates the output (one message, exit
+# 1, no .tmp left behind).
+pos=$($PY - <<'EOF'
+import h5py, numpy as np
+t = (h5py.File("data/c-val.h5", "r")["tokens"][...] % 200).astype(np.uint8)
+pos = len(t) * 7 // 8
+assert pos // 16 >= (len(t) - 1) // 16 // 2, "not in rank 1's windows"
+t[pos] = 250
+with h5py.File("data/bad-tok.h5", "w") as f:
+    f.attrs["format"], f.attrs["format_version"] = "ringtrain-tokens", 1
+    f.attrs["vocab_size"], f.attrs["tokenizer"], f.attrs["split"] = 200, "bytes", "val"
+    f.create_dataset("tokens", data=t, chunks=(1024,))
+    f.create_dataset("doc_offsets", data=np.array([0, len(t)], np.int64))
+print(pos)
+EOF
+)
+bad "a bad token read by rank 1" "token dataset 'data/bad-tok.h5': token 250 at position $pos is" \
+  "$BIN" predict --checkpoint "$ck" --data data/bad-tok.h5 --out bad.h5 --threads 1
+[[ ! -e bad.h5 && ! -e bad.npy && ! -e bad.h5.tmp ]] || fail "a refused predict left an output"
+pass "--top-k 0 and > vocabulary, bad --logits-range (syntax, order, beyond the windows, over 2^28 values), a bad token read by rank 1 only, .npy and --probabilities for token data, --eval-windows 0/-2 (eval, train) and without --val-data: exit 1, one message"
