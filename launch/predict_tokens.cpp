@@ -32,23 +32,28 @@ struct TokenPredictions {
 
 // The k likeliest of each of `rows` rows of logits (row stride `stride`, the first `vocab`
 // columns scored), best first (ties: the lower token id first, as the arg-max), with their
-// log-softmax over those columns (computed in double).
+// log-softmax over those columns (computed in double); rows in parallel over `threads`, each
+// row's result independent of them.
 void top_k_log_probs(const float* x, int64_t rows, int64_t stride, int64_t vocab, int64_t k,
-                     int32_t* top, float* scores) {
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * stride;
-    const float mx = *std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(row[j]) - double(mx));
-    const double lse = double(mx) + std::log(sum);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
-    for (int64_t j = 0; j < k; ++j) {
-      top[r * k + j] = order[size_t(j)];
-      scores[r * k + j] = float(double(row[order[size_t(j)]]) - lse);
+                     int threads, int32_t* top, float* scores) {
+#pragma omp parallel num_threads(threads) if (threads > 1 && rows > 1)
+  {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * stride;
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(row[j]) - double(mx));
+      const double lse = double(mx) + std::log(sum);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a < b);
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        top[r * k + j] = order[size_t(j)];
+        scores[r * k + j] = float(double(row[order[size_t(j)]]) - lse);
+      }
     }
   }
 }
@@ -104,8 +109,8 @@ TokenPredictions predict_windows(const PredictConfig& cfg, Model& model, io::Tok
     host.resize(size_t(b * t * vp));
     copy_bytes(host.data(), Device{}, logits.data, logits.device, host.size() * sizeof(float));
     if (k > 0)
-      top_k_log_probs(host.data(), b * t, vp, vocab, k, p.top.data() + row0 * t * k,
-                      p.top_scores.data() + row0 * t * k);
+      top_k_log_probs(host.data(), b * t, vp, vocab, k, backend.threads(),
+                      p.top.data() + row0 * t * k, p.top_scores.data() + row0 * t * k);
     for (int64_t w = blo; w < bhi; ++w)
       for (int64_t q = 0; q < t; ++q)
         std::copy_n(host.data() + ((w - start) * t + q) * vp, vocab,

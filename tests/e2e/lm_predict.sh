@@ -42,14 +42,16 @@ contains "windows of 16 tokens of data/c-val.h5 .* top-5 next tokens, logits of 
   <<<"$out" || fail "predict's line: $out"
 mpi 1 "$BIN" predict --checkpoint "$ck" --data data/c-val.h5 --out p1.h5 --threads 1 >/dev/null \
   || fail "1-rank predict exited $?"
+mpi 2 "$BIN" predict --checkpoint "$ck" --data data/c-val.h5 --out pt.h5 --top-k 5 --batch-size 5 \
+  --threads 2 >/dev/null || fail "predict with 2 threads per rank exited $?"
 out=$(mpi 2 "$BIN" eval --checkpoint "$ck" --data data/c-val.h5 --threads 1 --metrics eval.jsonl) \
   || fail "eval exited $?: $out"
-$PY - "$ck" data/c-val.h5 p2.h5 p1.h5 eval.jsonl <<'EOF' || fail "predict differs from PyTorch"
+$PY - "$ck" data/c-val.h5 p2.h5 p1.h5 pt.h5 eval.jsonl <<'EOF' || fail "predict differs from PyTorch"
 import json, math, sys
 import h5py, numpy as np, torch
 import torch.nn.functional as F
-ck, val, p, p1 = (h5py.File(f, "r") for f in sys.argv[1:5])
-ev = [json.loads(l) for l in open(sys.argv[5])][-1]
+ck, val, p, p1, pt = (h5py.File(f, "r") for f in sys.argv[1:6])
+ev = [json.loads(l) for l in open(sys.argv[6])][-1]
 P = {k: torch.tensor(v[...], dtype=torch.float64) for k, v in ck["params"].items()}
 T, H, C, V = 16, 2, 32, int(val.attrs["vocab_size"])
 s = torch.tensor(val["tokens"][...].astype("int64"))
@@ -101,6 +103,10 @@ assert np.array_equal(p1["targets"][...], p["targets"][...]), "1-rank rows in an
 d1 = np.abs(p1["loss"][...] - p["loss"][...]).max()
 assert d1 <= 1e-6, f"1 vs 2 ranks: per-window loss differs by {d1:.3g}"
 assert "top_k" not in p1 and "logits" not in p1, "top-k or logits written unasked"
+# The top-k of 2 threads per rank (rows in parallel): the same ids, scores within 1e-6.
+assert np.array_equal(pt["top_k"][...], p["top_k"][...]), "top-k ids depend on the threads"
+d2 = np.abs(pt["top_k_scores"][...] - p["top_k_scores"][...]).max()
+assert d2 <= 1e-6, f"top-k scores depend on the threads by {d2:.3g}"
 # The mean of the windows' losses is eval's loss over the same windows (the same kernel).
 assert ev["windows"] == w and ev["tokens"] == w * T, ev
 m = float(loss.mean())
