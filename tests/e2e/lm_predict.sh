@@ -199,6 +199,15 @@ bad "eval --eval-windows -2" "--eval-windows -2 is not valid: must be > 0" "$BIN
   --checkpoint "$ck" --data data/c-val.h5 --eval-windows -2
 bad "train --eval-windows 0" "--eval-windows 0 is not valid: must be > 0" "$BIN" train "${tiny[@]}" \
   --data 'data/c-*-of-*.h5' --val-data data/c-val.h5 --eval-windows 0 --steps 1
+mpi 2 "$BIN" train --data "$DATA/train.h5" --hidden 8 --steps 2 --threads 1 --checkpoint-dir img \
+  >/dev/null || fail "mlp run exited $?"
+bad "eval --eval-windows of an image model" \
+  "--eval-windows 3 is for token data; the model of checkpoint 'img/ckpt-000000002.h5' takes images" \
+  "$BIN" eval --checkpoint img/ckpt-000000002.h5 --data "$DATA/test.h5" --eval-windows 3
+bad "train --eval-windows of an image model" "--eval-windows 3 is for token data; model 'mlp' takes images" \
+  "$BIN" train --data "$DATA/train.h5" --val-data "$DATA/test.h5" --eval-windows 3 --steps 1
+bad "predict --logits-range of an image model" "--logits-range is for token data" \
+  "$BIN" predict --checkpoint img/ckpt-000000002.h5 --data "$DATA/test.h5" --out bad.h5 --logits-range 0:2
 bad "train --eval-windows without --val-data" "--eval-windows needs --val-data" "$BIN" train \
   "${tiny[@]}" --data 'data/c-*-of-*.h5' --eval-windows 3 --steps 1
 # A token outside the vocabulary at 7/8 of the stream, in a window only rank 1 reads: found
@@ -221,4 +230,4 @@ EOF
 bad "a bad token read by rank 1" "token dataset 'data/bad-tok.h5': token 250 at position $pos is" \
   "$BIN" predict --checkpoint "$ck" --data data/bad-tok.h5 --out bad.h5 --threads 1
 [[ ! -e bad.h5 && ! -e bad.npy && ! -e bad.h5.tmp ]] || fail "a refused predict left an output"
-pass "--top-k 0 and > vocabulary, bad --logits-range (syntax, order, beyond the windows, over 2^28 values), a bad token read by rank 1 only, .npy and --probabilities for token data, --eval-windows 0/-2 (eval, train) and without --val-data: exit 1, one message"
+pass "--top-k 0 and > vocabulary, bad --logits-range (syntax, order, beyond the windows, over 2^28 values), a bad token read by rank 1 only, .npy and --probabilities for token data, --eval-windows 0/-2 (eval, train), without --val-data or for an image model, --logits-range for an image model: exit 1, one message"
