@@ -220,16 +220,18 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
   // Windows of about 8192 tokens a pass unless --batch-size says: [B, T, V] fp32 logits of
   // 256 windows of 1024 tokens over GPT-2's vocabulary would be 52 GB.
   const int64_t batch = cfg.batch_size_given ? cfg.batch_size : std::max<int64_t>(1, 8192 / t);
-  const EvalResult r =
-      run_or_fail([&] { return evaluate_tokens(*loaded.model, *data, comm, backend, batch); });
+  const EvalResult r = run_or_fail([&] {
+    return evaluate_tokens(*loaded.model, *data, comm, backend, batch, cfg.eval_windows);
+  });
   const double bits = bits_per_byte(data->info(), r.loss).value_or(-1);  // -1: not bytes
   if (comm.rank() == 0) {
     char bpb[40] = "";
     if (bits >= 0) std::snprintf(bpb, sizeof bpb, "  %.4f bits/byte", bits);
     std::printf(
-        "eval %s on %s (%lld windows of %lld tokens: %lld target tokens, computed in %s):\n"
+        "eval %s on %s (%lld%s windows of %lld tokens: %lld target tokens, computed in %s):\n"
         "  model    %.4f nats/token%s  accuracy %.4f\n",
         cfg.checkpoint.c_str(), cfg.data.c_str(), static_cast<long long>(r.samples),
+        r.samples < data->num_windows() ? cat(" of ", data->num_windows()).c_str() : "",
         static_cast<long long>(t), static_cast<long long>(r.tokens), dtype_name(cfg.precision),
         r.loss, bpb, r.accuracy);
     std::fflush(stdout);
@@ -248,6 +250,7 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
       .add("accuracy", r.accuracy)
       .add("seq_len", t)
       .add("windows", r.samples)
+      .add("windows_total", data->num_windows())
       .add("tokens", r.tokens);
   if (bits >= 0) record.add("bits_per_byte", bits);
   if (base) record.add("unigram", base->unigram).add("bigram", base->bigram);
@@ -322,6 +325,9 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm) {
                           cat("the model of checkpoint '", cfg.checkpoint, "'"));
     RT_REQUIRE(lm.takes_tokens || cfg.baselines.empty(),
                "--baselines is for token data; the model of checkpoint '", cfg.checkpoint,
+               "' takes images and labels");
+    RT_REQUIRE(lm.takes_tokens || cfg.eval_windows == 0, "--eval-windows ", cfg.eval_windows,
+               " is for token data; the model of checkpoint '", cfg.checkpoint,
                "' takes images and labels");
     if (lm.takes_tokens) return;
     data = std::make_unique<io::Dataset>(cfg.data);

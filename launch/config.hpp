@@ -17,8 +17,9 @@ namespace ringtrain::launch {
 struct EvalConfig {
   std::string checkpoint, data;
   std::vector<std::string> plugins;
-  std::string baselines;  // token data: the training split the n-gram baselines count
-  int64_t seq_len = 0;    // token data: windows of this many targets (0: every token)
+  std::string baselines;     // token data: the training split the n-gram baselines count
+  int64_t seq_len = 0;       // token data: windows of this many targets (0: every token)
+  int64_t eval_windows = 0;  // token data: a budget of windows (0: every window)
   int64_t batch_size = 256;
   bool batch_size_given = false;  // token data: else windows of about 8192 tokens together
   DType precision = DType::f32;
@@ -80,6 +81,11 @@ struct PredictConfig {
   bool top_k_given = false;          // --top-k given: more than the classes is an error
   bool probabilities = false;        // softmax instead of logits
   int64_t batch_size = 256;
+  bool batch_size_given = false;  // token data: else windows of about 8192 tokens together
+  int64_t seq_len = 0;            // token data: tokens per window (0: the model's context)
+  // Token data: --logits-range START:END, the windows whose full logits are written
+  // (logits_end 0: none).
+  int64_t logits_start = 0, logits_end = 0;
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";

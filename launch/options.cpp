@@ -168,6 +168,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   po::options_description eval("evaluation");
   eval.add_options()
       ("eval-every", value_or_default(&c.eval_every), "also evaluate --val-data every N steps (0: at epoch ends and the end only)")
+      ("eval-windows", po::value<int64_t>(), "token data: evaluate N windows of --val-data, evenly spread over it (default: every window)")
       ("early-stop", value_or_default(&c.early_stop), "stop after N evaluations without improvement of --keep-best's metric (val_loss if not given; 0: never)");
   po::options_description obs("observability");
   obs.add_options()
@@ -232,6 +233,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   require_unit(c.label_smoothing, "label-smoothing");
   check_schedule(c.schedule, o.lr);
   RT_REQUIRE(c.eval_every >= 0, "--eval-every ", c.eval_every, " is not valid: must be >= 0");
+  require_positive_int(vm, "eval-windows");
+  c.eval_windows = vm.count("eval-windows") ? vm["eval-windows"].as<int64_t>() : 0;
+  RT_REQUIRE(c.eval_windows == 0 || !c.val_data.empty(),
+             "--eval-windows needs --val-data (a token dataset) to evaluate on");
   RT_REQUIRE(c.early_stop >= 0, "--early-stop ", c.early_stop, " is not valid: must be >= 0");
   RT_REQUIRE(c.keep_best.empty() || c.keep_best == "val_loss" || c.keep_best == "val_accuracy",
              "--keep-best '", c.keep_best, "' is not known; expected val_loss or val_accuracy");

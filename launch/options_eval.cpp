@@ -1,6 +1,8 @@
 // The option tables of `ringtrain eval`, `predict`, `sample` and `export`: the commands that
 // read a checkpoint (see options.hpp).
 #include <algorithm>
+#include <exception>
+#include <string>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_api.hpp"
@@ -49,7 +51,8 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
       ("data", po::value(&c.data)->required(), "dataset to evaluate on")
       ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass (token data: windows; default 8192 / T)")
       ("baselines", po::value(&c.baselines), "token data: also print the unigram and bigram cross-entropy on --data, counted on this training split")
-      ("seq-len", value_or_default(&c.seq_len), "token data: windows of this many tokens (0: every token of the stream is a target)");
+      ("seq-len", value_or_default(&c.seq_len), "token data: windows of this many tokens (0: every token of the stream is a target)")
+      ("eval-windows", po::value<int64_t>(), "token data: evaluate N windows, window floor(i * W / N) of the W in the file for i < N (default: all)");
   po::options_description prec("precision");
   prec.add_options()
       ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute (the training precision is not implied)");
@@ -67,6 +70,12 @@ bool parse_eval(const std::vector<std::string>& args, EvalConfig& c, std::string
              "eval: --checkpoint FILE is required (or --baselines TRAIN, for the n-gram "
              "baselines of token data alone)");
   RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
+  require_positive_int(vm, "eval-windows");
+  c.eval_windows = vm.count("eval-windows") ? vm["eval-windows"].as<int64_t>() : 0;
+  RT_REQUIRE(c.eval_windows == 0 || !c.checkpoint.empty(),
+             "--eval-windows is for the model's evaluation; give --checkpoint");
+  RT_REQUIRE(c.eval_windows == 0 || c.baselines.empty(),
+             "--eval-windows with --baselines: the baselines score every window; give one of them");
   c.precision = parse_float_dtype(precision, "--precision");
   require_positive_int(vm, "batch-size");
   c.batch_size_given = !vm["batch-size"].defaulted();
@@ -86,12 +95,14 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
       ("data", po::value(&c.data)->required(), "dataset to predict (labels not needed): a file, directory or glob")
       ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load the ops a plugin registers (repeatable)")
-      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass");
+      ("batch-size", value_or_default(&c.batch_size), "samples per rank per forward pass (token data: windows; default 8192 / T)")
+      ("seq-len", value_or_default(&c.seq_len), "token data: tokens per window (0: the model's context)");
   po::options_description out("output");
   out.add_options()
-      ("out", po::value(&c.out)->required(), "P.h5 (scores, top-k, labels, class names; written by all ranks) or P.npy (the scores only)")
-      ("top-k", value_or_default(&c.top_k), "classes kept per sample in /top_k: 1 to the model's classes (the default is lowered to them)")
-      ("probabilities", po::bool_switch(&c.probabilities), "softmax probabilities instead of logits");
+      ("out", po::value(&c.out)->required(), "P.h5 (scores, top-k, labels, class names; token data: per-window loss; written by all ranks) or P.npy (the scores only)")
+      ("top-k", value_or_default(&c.top_k), "classes kept per sample in /top_k: 1 to the model's classes (the default is lowered to them); token data: the K likeliest next tokens per position, 1 to the vocabulary (none unless given)")
+      ("probabilities", po::bool_switch(&c.probabilities), "softmax probabilities instead of logits")
+      ("logits-range", po::value<std::string>(), "token data: START:END, write the full logits of windows START to END - 1 (at most 2^28 values, or one window)");
   po::options_description prec("precision");
   prec.add_options()
       ("precision", po::value(&precision)->default_value(precision), "fp32 | fp16 | bf16 compute");
@@ -106,6 +117,25 @@ bool parse_predict(const std::vector<std::string>& args, PredictConfig& c, std::
   require_positive_int(vm, "batch-size");
   require_positive_int(vm, "top-k");
   c.top_k_given = vm.count("top-k") && !vm["top-k"].defaulted();
+  c.batch_size_given = !vm["batch-size"].defaulted();
+  RT_REQUIRE(c.seq_len >= 0, "--seq-len ", c.seq_len, " is not valid: must be >= 0");
+  if (vm.count("logits-range")) {
+    const std::string r = vm["logits-range"].as<std::string>();
+    const size_t colon = r.find(':');
+    size_t used_a = 0, used_b = 0;
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < r.size();
+    try {
+      if (ok) c.logits_start = std::stoll(r.substr(0, colon), &used_a);
+      if (ok) c.logits_end = std::stoll(r.substr(colon + 1), &used_b);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    ok = ok && used_a == colon && used_b == r.size() - colon - 1 && r[0] != '+' &&
+         r[colon + 1] != '+';
+    RT_REQUIRE(ok && c.logits_start >= 0 && c.logits_end > c.logits_start, "--logits-range '", r,
+               "' is not valid; expected START:END, window indices with 0 <= START < END (END "
+               "excluded), e.g. 0:4");
+  }
   check_device_options(c.threads, c.device, c.gpu_memory);
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);

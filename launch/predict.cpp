@@ -94,6 +94,17 @@ void top_k_rows(const float* s, int64_t rows, int64_t classes, int64_t k, int32_
   }
 }
 
+void prepare_output_dir(const std::string& out, int rank) {
+  if (rank != 0) return;  // like `mkdir -p` for the output's directory
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  RT_REQUIRE(parent.empty() || fs::is_directory(parent), "--out '", out, "': directory '",
+             parent.string(), "' cannot be created",
+             ec ? cat(" (", ec.message(), ")") : std::string());
+  RT_REQUIRE(!fs::is_directory(out, ec), "--out '", out, "' is a directory; expected a file name");
+}
+
 namespace {
 
 struct PredictSetup {
@@ -226,6 +237,8 @@ void write_npy(const PredictConfig& cfg, const PredictSetup& s, comm::Communicat
 
 int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
   PredictSetup s;
+  TokenPredictSetup tokens;
+  TokenInput lm;
   run_and_agree(comm, [&] {
     const auto ends_with = [&](const char* ext) {
       const std::string e = ext;
@@ -239,6 +252,24 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
     s.backend = make_backend(device, threads_for_rank(cfg.threads, comm), cfg.gpu_memory);
     load_plugins(cfg.plugins);
     s.loaded = load_model_from_checkpoint(cfg.checkpoint, cfg.precision, device, *s.backend);
+    const ModelFile file = model_from_checkpoint(s.loaded.meta, cfg.checkpoint);
+    lm = token_input_of(plan_model(file));
+    const std::string who = cat("the model of checkpoint '", cfg.checkpoint, "'");
+    io::require_data_kind(cfg.data, io::data_kind_of(cfg.data),
+                          lm.takes_tokens ? io::DataKind::tokens : io::DataKind::images, who);
+    if (lm.takes_tokens) {
+      RT_REQUIRE(!s.npy, "--out '", cfg.out,
+                 "': the predictions of a language model (per-window loss, top-k, logits) are "
+                 "written as .h5; give --out P.h5");
+      setup_token_predict(cfg, lm, cat(file.name(), "' of checkpoint '", cfg.checkpoint),
+                          s.loaded.model->input_shape().at(0), tokens);
+      tokens.step = s.loaded.meta.step;
+      prepare_output_dir(cfg.out, comm.rank());
+      return;
+    }
+    RT_REQUIRE(cfg.seq_len == 0 && cfg.logits_end == 0,
+               cfg.seq_len ? "--seq-len" : "--logits-range", " is for token data; ", who,
+               " takes images");
     s.data = std::make_unique<io::Dataset>(cfg.data, /*labels_required=*/false);
     require_data_fits(*s.loaded.model, s.data->info(), cfg.checkpoint);
     s.own_loss = !s.loaded.model->loss().is_default();
@@ -260,17 +291,12 @@ int run_predict(const PredictConfig& cfg, comm::Communicator& comm) {
     s.k = std::min<int64_t>(cfg.top_k, s.classes);
     s.class_names = io::read_class_names(io::resolve_dataset_files(cfg.data).front());
     if (int64_t(s.class_names.size()) != s.classes) s.class_names.clear();
-    if (comm.rank() == 0) {  // like `mkdir -p` for the output's directory
-      const fs::path parent = fs::path(cfg.out).parent_path();
-      std::error_code ec;
-      if (!parent.empty()) fs::create_directories(parent, ec);
-      RT_REQUIRE(parent.empty() || fs::is_directory(parent), "--out '", cfg.out, "': directory '",
-                 parent.string(), "' cannot be created",
-                 ec ? cat(" (", ec.message(), ")") : std::string());
-      RT_REQUIRE(!fs::is_directory(cfg.out, ec), "--out '", cfg.out,
-                 "' is a directory; expected a file name");
-    }
+    prepare_output_dir(cfg.out, comm.rank());
   });
+  if (lm.takes_tokens) {
+    run_token_predict(cfg, comm, *s.loaded.model, *s.backend, tokens);
+    return 0;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = s.data->info().num_samples;
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();

@@ -58,6 +58,7 @@ struct TrainConfig {
   int keep = 3;
   bool async_checkpoint = false;  // saves written by a background thread (async_checkpoint.hpp)
   int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
+  int64_t eval_windows = 0;     // token data: windows per evaluation (0: every window)
   std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
   int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)
   std::string resume = "auto";  // auto | never | FILE

@@ -97,9 +97,21 @@ std::optional<double> bits_per_byte(const io::TokenDatasetInfo& data, double nat
   return nats_per_token / std::log(2.0);
 }
 
+int64_t eval_window_count(int64_t total, int64_t budget) {
+  return budget > 0 ? std::min(budget, total) : total;
+}
+
+int64_t eval_window_index(int64_t i, int64_t total, int64_t budget) {
+  const int64_t n = eval_window_count(total, budget);
+  if (n == total) return i;
+  // In 128 bits: i * total may exceed 2^63 for a very large file.
+  return int64_t((__int128(i) * total) / n);
+}
+
 EvalResult evaluate_tokens(Model& model, io::TokenDataset& data, comm::Communicator& comm,
-                           kernels::Backend& backend, int64_t batch) {
-  const int64_t n = data.num_windows(), t = data.seq_len(), vocab = data.info().vocab_size;
+                           kernels::Backend& backend, int64_t batch, int64_t max_windows) {
+  const int64_t total = data.num_windows(), t = data.seq_len(), vocab = data.info().vocab_size;
+  const int64_t n = eval_window_count(total, max_windows);
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
   Context ctx{backend, model.compute_dtype(), /*training=*/false};
   const Device dev = backend.device();
@@ -111,7 +123,8 @@ EvalResult evaluate_tokens(Model& model, io::TokenDataset& data, comm::Communica
     maybe_inject_fault("eval");
     const int64_t b = std::min(batch, hi - start);
     idx.resize(size_t(b));
-    for (int64_t i = 0; i < b; ++i) idx[size_t(i)] = start + i;
+    for (int64_t i = 0; i < b; ++i)
+      idx[size_t(i)] = eval_window_index(start + i, total, max_windows);
     Tensor* xt = &x.ensure({b, t}, DType::i32, Device{});
     Tensor* yt = &y.ensure({b, t}, DType::i32, Device{});
     data.read_windows(idx.data(), b, xt->as<int32_t>(), yt->as<int32_t>());

@@ -38,13 +38,19 @@ EvalResult evaluate(Model& model, io::Dataset& data, comm::Communicator& comm,
 EvalResult evaluate_loss(Model& model, io::Dataset& data, comm::Communicator& comm,
                          kernels::Backend& backend, int64_t batch, const io::Normalization& norm);
 
-// A language model on token data: every target of all data.num_windows() non-overlapping
-// windows of data.seq_len() tokens (set_seq_len() first), `batch` windows per forward pass.
-// The loss is the mean cross-entropy per target token in nats (over the data's vocabulary,
-// the first `vocab_size` of the model's outputs); the accuracy the fraction of targets that
-// are the arg-max.
+// A language model on token data: every target of the non-overlapping windows of
+// data.seq_len() tokens (set_seq_len() first), `batch` windows per forward pass. The loss is
+// the mean cross-entropy per target token in nats (over the data's vocabulary, the first
+// `vocab_size` of the model's outputs); the accuracy the fraction of targets that are the
+// arg-max. `max_windows` > 0 is a budget (--eval-windows): the windows of eval_window_index.
 EvalResult evaluate_tokens(Model& model, io::TokenDataset& data, comm::Communicator& comm,
-                           kernels::Backend& backend, int64_t batch);
+                           kernels::Backend& backend, int64_t batch, int64_t max_windows = 0);
+
+// The windows a budget of `budget` windows evaluates out of `total` (budget 0 or >= total:
+// all of them): window floor(i * total / budget) for i in [0, budget), evenly spread over
+// the file (every shard), the same at every evaluation and for any number of ranks.
+int64_t eval_window_count(int64_t total, int64_t budget);
+int64_t eval_window_index(int64_t i, int64_t total, int64_t budget);
 
 // Bits per byte of a loss in nats/token when the tokens are bytes (tokenizer "bytes": one
 // byte per token, so bits/byte = nats/token / ln 2); nullopt for other tokenizers.

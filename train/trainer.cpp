@@ -323,7 +323,8 @@ bool Trainer::run_eval() {
   // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
   const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
   const bool own_loss = !val_tokens_ && model_->loss().own_evaluation();
-  const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch)
+  const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch,
+                                                     cfg_.eval_windows)
                        : own_loss  ? evaluate_loss(*model_, *val_, comm_, *backend_, batch, norm_)
                                    : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
   char line[240];
@@ -332,12 +333,14 @@ bool Trainer::run_eval() {
   if (val_tokens_) {
     char bpb[40] = "";
     if (bits >= 0) std::snprintf(bpb, sizeof bpb, " (%.4f bits/byte)", bits);
-    std::snprintf(line, sizeof line,
-                  "eval step %lld: val loss %.4f nats/token%s accuracy %.4f (%lld windows of "
-                  "%lld tokens, computed in %s)",
-                  static_cast<long long>(step_), r.loss, bpb, r.accuracy,
-                  static_cast<long long>(r.samples), static_cast<long long>(val_tokens_->seq_len()),
-                  dtype_name(model_->compute_dtype()));
+    std::snprintf(
+        line, sizeof line,
+        "eval step %lld: val loss %.4f nats/token%s accuracy %.4f (%lld%s windows of "
+        "%lld tokens, computed in %s)",
+        static_cast<long long>(step_), r.loss, bpb, r.accuracy, static_cast<long long>(r.samples),
+        r.samples < val_tokens_->num_windows() ? cat(" of ", val_tokens_->num_windows()).c_str()
+                                               : "",
+        static_cast<long long>(val_tokens_->seq_len()), dtype_name(model_->compute_dtype()));
   } else if (own_loss) {
     std::string metrics;
     for (const auto& [name, value] : r.metrics) metrics += cat(" ", name, " ", fixed4(value));
@@ -365,7 +368,7 @@ bool Trainer::run_eval() {
   for (const auto& [name, value] : r.metrics)
     if (name != "accuracy") record.add(name, value);
   record.add("precision", dtype_name(model_->compute_dtype()));
-  if (val_tokens_) record.add("tokens", r.tokens);
+  if (val_tokens_) record.add("windows", r.samples).add("tokens", r.tokens);
   if (bits >= 0) record.add("bits_per_byte", bits);
   metrics_.write(record);
   const bool has_accuracy =

@@ -151,6 +151,8 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
   if (!lm.takes_tokens) {
     RT_REQUIRE(cfg_.seq_len == 0, "--seq-len ", cfg_.seq_len, " is for token data; ", who,
                " takes images and labels");
+    RT_REQUIRE(cfg_.eval_windows == 0, "--eval-windows ", cfg_.eval_windows, " is for token data; ",
+               who, " takes images and labels");
     // Labels or targets: which of them the model's loss reads is checked once the model file
     // is read (require_targets_fit_loss).
     data_ = std::make_unique<io::Dataset>(cfg_.data, false);
