@@ -2,9 +2,9 @@
 # build with CMake, then run. `make demo` trains on Fashion-MNIST (`make gpt-demo`: a GPT on
 # the Python standard library's sources); `make test` runs ctest in both configurations:
 # $(BUILD) (CUDA AUTO: on when nvcc, cuDNN and NCCL are found; every suite, the gpu one
-# skipping visibly without a GPU) and $(BUILD_CPU) (RINGTRAIN_CUDA=OFF:
-# everything compiled; the unit tests and the CLI/bad-input e2e tests, which are what differs
-# without CUDA, are run).
+# skipping visibly without a GPU) and $(BUILD_CPU) (RINGTRAIN_CUDA=OFF: the unit tests and
+# the CLI/bad-input e2e tests, which are what differs without CUDA, built and run; `make
+# build-cpu` compiles everything of that configuration).
 MAKEFLAGS += --no-print-directory
 BUILD ?= build
 BUILD_CPU ?= build-cpu
@@ -49,7 +49,8 @@ gpt-demo: build
 test: build test-cpu
 	@cd $(BUILD) && ctest --output-on-failure --timeout 900
 
-test-cpu: build-cpu
+test-cpu: configure-cpu
+	@cmake --build $(BUILD_CPU) -j$(JOBS) --target ringtrain unit_tests
 	@echo "CPU-only configuration ($(BUILD_CPU)): unit tests, CLI and bad-input e2e tests"
 	@cd $(BUILD_CPU) && ctest --output-on-failure --timeout 900 -L unit
 	@cd $(BUILD_CPU) && ctest --output-on-failure --timeout 900 \
