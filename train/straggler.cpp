@@ -9,6 +9,9 @@
 namespace ringtrain::launch {
 namespace {
 
+// A rank is a straggler only when it is also this much slower per step than the median.
+constexpr double kMinExcessS = 1e-3;
+
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -29,6 +32,8 @@ void StragglerObserver::after(Phase phase, int64_t step, Clock::time_point begin
   } else if (phase == Phase::reduce) {
     // From the batch in hand to entering the wait for the gradients: forward and backward.
     compute_.push_back(std::chrono::duration<double>(begin - data_end_).count());
+    compute_begin_ = data_end_;
+    compute_end_ = begin;
     comm_s_ += std::chrono::duration<double>(end - begin).count();
     ++steps_;
   }
@@ -51,6 +56,14 @@ void StragglerObserver::exchange(comm::Communicator& comm, int64_t step) {
   const double median = median_of(compute);
   auto ratio = [&](int r) { return median > 0 ? compute[size_t(r)] / median : 1.0; };
   score_ = ratio(rank_);
+  if (timeline_ && timeline_->on(step) && n > 1 && score_ > 1 + threshold_ &&
+      compute[size_t(rank_)] - median > kMinExcessS) {
+    char x[32];
+    std::snprintf(x, sizeof x, "%.2fx", score_);
+    timeline_->span(
+        cat("straggler: compute ", x, " the median (steps ", first_step_, "-", step, ")"),
+        "straggler", 0, compute_begin_, compute_end_, step);
+  }
   const int64_t first = first_step_;
   steps_ = 0;
   compute_.clear();
@@ -69,7 +82,7 @@ void StragglerObserver::exchange(comm::Communicator& comm, int64_t step) {
     return std::string(buf);
   };
   for (int r = 0; r < n && n > 1; ++r) {
-    const bool slow = ratio(r) > 1 + threshold_;
+    const bool slow = ratio(r) > 1 + threshold_ && compute[size_t(r)] - median > kMinExcessS;
     const auto i = size_t(r);
     if (!slow) {
       named_[i] = false;

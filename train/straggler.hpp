@@ -4,9 +4,11 @@
 // the fast ones wait) in every step, and sums its data wait and exposed communication; at the
 // window's last step the ranks trade the median step's compute and the two means (one
 // allgather of 3 doubles per rank), and a rank whose compute exceeds the median of the ranks
-// by more than --straggler-threshold is named by rank 0 with its host: one warning line when
-// it becomes a straggler, a `straggler` metrics record per window, and TensorBoard scalars.
-// Every rank keeps its own score (its compute over the median) for the Prometheus file.
+// by more than --straggler-threshold (and by 1 ms at least) is named by rank 0 with its host: one
+// warning line when it becomes a straggler, a `straggler` metrics record per window, and
+// TensorBoard scalars. Every rank keeps its own score (its compute over the median) for the
+// Prometheus file, and a rank named slow at a step the timeline covers marks its last step's
+// compute there (a `straggler` span on its own track).
 #pragma once
 
 #include <cstdint>
@@ -14,13 +16,15 @@
 #include <vector>
 
 #include "train/step_observers.hpp"
+#include "train/timeline.hpp"
 
 namespace ringtrain::launch {
 
 class StragglerObserver : public StepObserver {
  public:
   StragglerObserver(int rank, std::vector<std::string> hosts, double threshold, int64_t window,
-                    Console& console, MetricsWriter& metrics, EventWriter* tensorboard)
+                    Console& console, MetricsWriter& metrics, EventWriter* tensorboard,
+                    Timeline* timeline = nullptr)
       : rank_(rank),
         hosts_(std::move(hosts)),
         threshold_(threshold),
@@ -28,6 +32,7 @@ class StragglerObserver : public StepObserver {
         console_(console),
         metrics_(metrics),
         tensorboard_(tensorboard),
+        timeline_(timeline),
         named_(hosts_.size(), false) {}
   void after(Phase phase, int64_t step, Clock::time_point begin, Clock::time_point end) override;
   void exchange(comm::Communicator& comm, int64_t step) override;
@@ -42,8 +47,9 @@ class StragglerObserver : public StepObserver {
   Console& console_;
   MetricsWriter& metrics_;
   EventWriter* tensorboard_;
+  Timeline* timeline_;
   std::vector<bool> named_;  // rank 0: ranks warned about and still slow
-  Clock::time_point data_end_;
+  Clock::time_point data_end_, compute_begin_, compute_end_;  // the last step's compute
   int64_t steps_ = 0, first_step_ = 0;
   std::vector<double> compute_;     // this window: each step's compute
   double data_s_ = 0, comm_s_ = 0;  // this window, summed

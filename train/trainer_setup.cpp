@@ -336,7 +336,7 @@ void Trainer::add_observers() {
   if (cfg_.straggler_window > 0) {
     auto s = std::make_unique<StragglerObserver>(comm_.rank(), hosts, cfg_.straggler_threshold,
                                                  cfg_.straggler_window, console_, metrics_,
-                                                 tensorboard_.get());
+                                                 tensorboard_.get(), &timeline_);
     straggler = s.get();
     observers_.add(std::move(s));
   }

@@ -7,9 +7,10 @@
 #     json); with one dump removed and one cut in the middle of a line, analyze still names
 #     them and says what is missing;
 #  2. a straggler: a 50 ms delay in rank 1's forward (RINGTRAIN_TEST_SLOW_FORWARD) is named,
-#     with its host, by step 10, in one warning line and a `straggler` record; analyze of the
-#     dumps of --flight-recorder-dump-step names rank 1 as the slowest;
-#  3. the same run without the delay names nobody;
+#     with its host, by step 10, in one warning line, a `straggler` record and `straggler`
+#     spans on rank 1's track of the timeline; analyze of the dumps of
+#     --flight-recorder-dump-step names rank 1 as the slowest;
+#  3. the same run without the delay, 1000 steps, names nobody;
 # and SIGUSR2 (to mpirun, which forwards it) makes every rank dump while training goes on;
 #  4. `train --preflight` prints the doctor's table and trains; `--preflight-strict` with rank 1
 #     pinned to a core a busy loop holds (at nice 10) names rank 1 and ends with exit 2
@@ -146,7 +147,8 @@ check_option "--prometheus-every 0 is not valid: must be > 0" --prometheus-every
 straggle=(--straggler-window 5 --straggler-threshold 1.0)
 RINGTRAIN_TEST_SLOW_FORWARD=1:50 mpi 4 -x RINGTRAIN_TEST_SLOW_FORWARD "$BIN" train "${common[@]}" \
   "${straggle[@]}" --steps 12 --metrics "$dir/slow.jsonl" --debug-dir "$dir/slow" \
-  --flight-recorder-dump-step 12 >"$dir/slow.out" 2>"$dir/slow.err" || fail "slow job failed"
+  --flight-recorder-dump-step 12 --timeline "$dir/slow.trace.json" --timeline-steps 1:12 \
+  >"$dir/slow.out" 2>"$dir/slow.err" || fail "slow job failed"
 cat "$dir/slow.err"
 grep -c "straggler:" "$dir/slow.err" | grep -qx 1 || fail "expected one straggler warning line"
 grep -qE "ringtrain: straggler: rank 1 on $host computes .* before the gradient reduction, .*x the median .* of 4 ranks \(steps (2-5|6-10);" \
@@ -158,12 +160,18 @@ assert recs and all(r["rank"] == 1 for r in recs), recs
 assert recs[0]["step"] <= 10, recs[0]
 assert recs[0]["compute_s"] > 0.05 and recs[0]["ratio"] > 2, recs[0]
 PY
+/usr/bin/python3 - "$dir/slow.trace.json" <<'PY' || fail "straggler spans in the timeline"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("cat") == "straggler"]
+assert ev and all(e["pid"] == 1 for e in ev), ev
+assert all(e["dur"] > 50e3 for e in ev), ev  # microseconds: the 50 ms delay is inside
+PY
 "$BIN" analyze "$dir/slow" >"$dir/slow.analyze" || fail "analyze (slow) exited $?"
 cat "$dir/slow.analyze"
 contains "slowest rank: rank 1 on $host" <"$dir/slow.analyze" || fail "analyze does not name rank 1"
 contains "every rank left every recorded collective" <"$dir/slow.analyze" || fail "analyze: a hang where none is"
 
-mpi 4 "$BIN" train "${common[@]}" "${straggle[@]}" --steps 40 --metrics "$dir/clean.jsonl" \
+mpi 4 "$BIN" train "${common[@]}" "${straggle[@]}" --steps 1000 --metrics "$dir/clean.jsonl" \
   >"$dir/clean.out" 2>"$dir/clean.err" || fail "clean job failed"
 if grep -q "straggler:" "$dir/clean.err" || grep -qF "\"type\":\"straggler\"" "$dir/clean.jsonl"; then
   cat "$dir/clean.err"
