@@ -149,7 +149,8 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("checkpoint-secs", value_or_default(&c.checkpoint_secs), "also save every S seconds (0: off)")
       ("keep", value_or_default(&c.keep), "checkpoints to keep")
       ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "copy the state at the save's step and write the checkpoint in the background while training continues (the same file; at most one save in flight)")
-      ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy: also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
+      ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy | val_METRIC[:min|max] (a metric of the model's loss block): also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
+      ("best-metric", po::value(&c.best_metric), "val_loss | val_accuracy | val_METRIC[:min|max]: the metric --early-stop (and --keep-best, when it names none) follows; default direction: min for loss, mae and rmse, else max")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir");
   po::options_description dev("device and communication");
@@ -238,8 +239,17 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.eval_windows == 0 || !c.val_data.empty(),
              "--eval-windows needs --val-data (a token dataset) to evaluate on");
   RT_REQUIRE(c.early_stop >= 0, "--early-stop ", c.early_stop, " is not valid: must be >= 0");
-  RT_REQUIRE(c.keep_best.empty() || c.keep_best == "val_loss" || c.keep_best == "val_accuracy",
-             "--keep-best '", c.keep_best, "' is not known; expected val_loss or val_accuracy");
+  for (const auto& [option, value] :
+       {std::pair<const char*, const std::string*>{"--keep-best", &c.keep_best},
+        {"--best-metric", &c.best_metric}})
+    RT_REQUIRE(value->empty() || parse_best_metric(*value).name.size() > 0, option, " '", *value,
+               "' is not known; expected val_loss, val_accuracy or val_METRIC[:min|max] for a "
+               "metric of the model's loss block, e.g. val_rmse or val_r2:max");
+  RT_REQUIRE(c.keep_best.empty() || c.best_metric.empty() || c.keep_best == c.best_metric,
+             "--keep-best ", c.keep_best, " and --best-metric ", c.best_metric,
+             " name different metrics; give the metric once");
+  RT_REQUIRE(c.best_metric.empty() || !c.val_data.empty(),
+             "--best-metric needs --val-data to evaluate on");
   RT_REQUIRE(c.keep_best.empty() || !c.checkpoint_dir.empty(),
              "--keep-best needs --checkpoint-dir (best.h5 is kept there)");
   RT_REQUIRE((c.keep_best.empty() && c.early_stop == 0 && c.eval_every == 0) || !c.val_data.empty(),

@@ -57,10 +57,12 @@ struct TrainConfig {
   double checkpoint_secs = 0;    // 0: off
   int keep = 3;
   bool async_checkpoint = false;  // saves written by a background thread (async_checkpoint.hpp)
-  int64_t eval_every = 0;       // steps between evaluations besides epoch ends (0: epoch ends only)
-  int64_t eval_windows = 0;     // token data: windows per evaluation (0: every window)
-  std::string keep_best;        // val_loss | val_accuracy: keep DIR/best.h5 ("" for none)
-  int64_t early_stop = 0;       // stop after this many evaluations without improvement (0: never)
+  int64_t eval_every = 0;    // steps between evaluations besides epoch ends (0: epoch ends only)
+  int64_t eval_windows = 0;  // token data: windows per evaluation (0: every window)
+  // val_loss | val_accuracy | val_METRIC[:min|max]: keep DIR/best.h5 ("" for none)
+  std::string keep_best;
+  std::string best_metric;  // what --keep-best and --early-stop follow when --keep-best names none
+  int64_t early_stop = 0;   // stop after this many evaluations without improvement (0: never)
   std::string resume = "auto";  // auto | never | FILE
   bool overwrite = false;       // --resume never may delete older checkpoints
   uint64_t seed = 42;
@@ -101,6 +103,39 @@ struct TrainConfig {
   bool print_config = false;
   // Bytes per rank the memory plan must fit ("" none, "auto": the OS's or the GPU's limit).
   std::string memory_budget;
+
+  // The metric --keep-best and --early-stop follow: --keep-best's, else --best-metric's,
+  // else val_loss.
+  std::string best_metric_text() const {
+    return !keep_best.empty() ? keep_best : !best_metric.empty() ? best_metric : "val_loss";
+  }
 };
+
+// "val_NAME[:min|max]" (--keep-best, --best-metric): NAME is loss, accuracy or a metric of
+// the model's loss block; lower is better for loss, mae and rmse unless :max says otherwise.
+// name is "" when the text is not of that form.
+struct BestMetric {
+  std::string name;   // without the val_ prefix and the direction
+  bool lower = true;  // lower values are better
+  std::string label;  // val_NAME, as the lines and records name it
+};
+inline BestMetric parse_best_metric(const std::string& text) {
+  BestMetric m;
+  std::string s = text;
+  int dir = 0;  // 0: the metric's own, -1: min, 1: max
+  if (const size_t colon = s.find(':'); colon != std::string::npos) {
+    const std::string d = s.substr(colon + 1);
+    if (d != "min" && d != "max") return m;
+    dir = d == "min" ? -1 : 1;
+    s.resize(colon);
+  }
+  if (s.rfind("val_", 0) != 0 || s.size() == 4) return m;
+  for (const char ch : s)
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) return m;
+  m.name = s.substr(4);
+  m.label = s;
+  m.lower = dir != 0 ? dir < 0 : (m.name == "loss" || m.name == "mae" || m.name == "rmse");
+  return m;
+}
 
 }  // namespace ringtrain::launch

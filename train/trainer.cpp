@@ -374,7 +374,16 @@ bool Trainer::run_eval() {
   const bool has_accuracy =
       !own_loss || model_->loss().reports_accuracy() ||
       std::count(model_->loss().metrics.begin(), model_->loss().metrics.end(), "accuracy") > 0;
-  track_best(r.loss, has_accuracy ? r.accuracy : NAN);
+  const BestMetric best = parse_best_metric(cfg_.best_metric_text());
+  double value = NAN;
+  if (best.name == "loss")
+    value = r.loss;
+  else if (best.name == "accuracy")
+    value = has_accuracy ? r.accuracy : NAN;
+  else
+    for (const auto& [name, v] : r.metrics)
+      if (name == best.name) value = v;
+  track_best(r.loss, has_accuracy ? r.accuracy : NAN, value);
   return true;
 }
 
@@ -447,9 +456,9 @@ int Trainer::run() {
   if (last_eval_step_ != step_) run_eval();
   save_checkpoint(/*wait=*/true);
   if (stopped_early)
-    say(cat(
-        "early stop at step ", step_, ": ", cfg_.early_stop, " evaluations without improvement of ",
-        cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best, " (best at step ", best_step_, ")"));
+    say(cat("early stop at step ", step_, ": ", cfg_.early_stop,
+            " evaluations without improvement of ",
+            parse_best_metric(cfg_.best_metric_text()).label, " (best at step ", best_step_, ")"));
   finish_timeline();
   end_run(stopped_early ? "early_stop" : "finished", 0);
   return 0;

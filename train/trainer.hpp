@@ -132,8 +132,9 @@ class Trainer {
   DType wire_dtype() const;  // of the gradient reduction
 
   // The recipe's loop parts (trainer_recipe.cpp).
-  void eval_if_due(bool epoch_done);              // --eval-every and epoch ends (not twice a step)
-  void track_best(double loss, double accuracy);  // --keep-best and --early-stop
+  void eval_if_due(bool epoch_done);  // --eval-every and epoch ends (not twice a step)
+  // --keep-best and --early-stop: `value` is the evaluation's figure of their metric.
+  void track_best(double loss, double accuracy, double value);
   void save_best(const std::string& metric, double value);
   void write_start_record();
   void write_stop_record(const char* reason, int code);

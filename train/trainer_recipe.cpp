@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -46,13 +47,15 @@ void Trainer::eval_if_due(bool epoch_done) {
   if ((epoch_done || cadence) && last_eval_step_ != step_) run_eval();
 }
 
-void Trainer::track_best(double loss, double accuracy) {
+void Trainer::track_best(double loss, double accuracy, double v) {
   if (summary_) summary_->evaluated(step_, loss, accuracy);
   if (cfg_.keep_best.empty() && cfg_.early_stop == 0) return;
-  // The same sums on every rank (allreduced), so every rank takes the same decisions.
-  const std::string metric = cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best;
-  const double v = metric == "val_loss" ? loss : accuracy;
-  const bool better = best_step_ < 0 || (metric == "val_loss" ? v < best_value_ : v > best_value_);
+  // The same sums on every rank (allreduced), so every rank takes the same decisions. A
+  // metric with no value (nan: e.g. R^2 of constant targets) is no improvement.
+  const BestMetric best = parse_best_metric(cfg_.best_metric_text());
+  const std::string& metric = best.label;
+  const bool better = !std::isnan(v) && (best_step_ < 0 || std::isnan(best_value_) ||
+                                         (best.lower ? v < best_value_ : v > best_value_));
   if (better) {
     best_value_ = v;
     best_step_ = step_;
@@ -167,7 +170,7 @@ void Trainer::end_run(const char* reason, int code) {
   // The best validation: --keep-best/--early-stop's metric (carried over a resume), else the
   // lowest validation loss of this run's evaluations.
   if (best_step_ >= 0) {
-    const std::string metric = cfg_.keep_best.empty() ? "val_loss" : cfg_.keep_best;
+    const std::string metric = parse_best_metric(cfg_.best_metric_text()).label;
     line += cat("; best ", metric, " ", best_value_, " at step ", best_step_);
   } else if (const std::string best = summary_->best_eval(); !best.empty()) {
     line += "; " + best;

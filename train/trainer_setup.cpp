@@ -122,6 +122,10 @@ void Trainer::setup_inputs() {
              " ranks; use a multiple of ", comm_.size(), " or --batch-size");
   // What the loss reads, before the data's shape and classes meet the model file.
   if (data_) require_targets_fit_loss(ModelFile::load(cfg_.model));
+  if (const BestMetric best = parse_best_metric(cfg_.best_metric_text());
+      !data_ && best.name != "loss" && best.name != "accuracy")
+    throw_input(cat(cfg_.keep_best.empty() ? "--best-metric " : "--keep-best ", best.label,
+                    ": a language model's evaluation reports val_loss and val_accuracy only"));
   model_file_ = std::make_unique<ModelFile>(
       load_model_for_run(cfg_.model, cfg_.model_vars, cfg_.layer_precision, sample, classes,
                          cat("--data '", cfg_.data, "'")));
@@ -224,11 +228,22 @@ void Trainer::check_memory_budget() {
 
 void Trainer::require_targets_fit_loss(const ModelFile& file) {
   const LossSpec spec = loss_spec_of(file);
-  RT_REQUIRE(cfg_.keep_best != "val_accuracy" || spec.reports_accuracy() ||
-                 std::count(spec.metrics.begin(), spec.metrics.end(), "accuracy") > 0,
-             "--keep-best val_accuracy: the loss '", spec.name(), "' of model '", file.name(),
-             "' has no accuracy; use --keep-best val_loss (or add metric: \"accuracy\" to a loss "
-             "that has one)");
+  const BestMetric best = parse_best_metric(cfg_.best_metric_text());
+  const char* option = cfg_.keep_best.empty() ? "--best-metric" : "--keep-best";
+  const bool has_accuracy = spec.reports_accuracy() ||
+                            std::count(spec.metrics.begin(), spec.metrics.end(), "accuracy") > 0;
+  RT_REQUIRE(best.name != "accuracy" || has_accuracy, option, " val_accuracy: the loss '",
+             spec.name(), "' of model '", file.name(), "' has no accuracy; use ", option,
+             " val_loss (or add metric: \"accuracy\" to a loss that has one)");
+  if (best.name != "loss" && best.name != "accuracy") {
+    std::string known = "val_loss";
+    if (has_accuracy) known += ", val_accuracy";
+    for (const std::string& m : spec.metrics)
+      if (m != "accuracy") known += ", val_" + m;
+    RT_REQUIRE(std::count(spec.metrics.begin(), spec.metrics.end(), best.name) > 0, option, " ",
+               best.label, ": model '", file.name(), "' reports no metric '", best.name,
+               "' (its loss block's metrics give: ", known, ")");
+  }
   const TargetKind want = spec.target_kind();
   for (const auto& [option, data] :
        {std::pair<const char*, io::Dataset*>{"--data", data_.get()}, {"--val-data", val_.get()}}) {

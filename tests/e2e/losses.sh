@@ -71,6 +71,29 @@ assert abs(ev["rmse"] ** 2 - ev["loss"]) < 1e-4 * ev["loss"], ev  # mse is rmse 
 PYEOF
 pass "train: the progress line, step and eval records name the loss; loss falls; rmse^2 = mse"
 
+# --keep-best and --early-stop follow a metric of the loss block, in its direction.
+mpi 2 "$BIN" train "${common[@]}" --steps 20 --checkpoint-dir "$dir/best" --val-data "$dir/val.h5" \
+  --eval-every 4 --keep-best val_rmse --metrics "$dir/best.jsonl" >"$dir/best.out"
+mpi 2 "$BIN" train "${common[@]}" --steps 20 --val-data "$dir/val.h5" --eval-every 4 \
+  --best-metric val_r2:min --early-stop 1 --metrics "$dir/stop.jsonl" >"$dir/stop.out"
+$PY - "$dir/best.jsonl" "$dir/best/best.h5" "$dir/stop.jsonl" <<'PYEOF' || fail "--keep-best val_rmse / --best-metric val_r2:min"
+import json, sys, h5py
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"type":"eval"' in l]
+best = min(ev, key=lambda e: e["rmse"])
+with h5py.File(sys.argv[2]) as f:
+    a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+assert a["best_metric"] == "val_rmse" and a["best_step"] == best["step"], (a["best_metric"], a["best_step"], best)
+assert abs(a["best_value"] - best["rmse"]) <= 1e-8 * best["rmse"], (a["best_value"], best)  # records: 9 digits
+# R^2 rises as training goes on; followed as lower-is-better, training stops at the first
+# evaluation that is not below the best.
+ev = [json.loads(l) for l in open(sys.argv[3]) if '"type":"eval"' in l]
+r2 = [e["r2"] for e in ev]
+first_up = next(i for i in range(1, len(r2)) if r2[i] >= min(r2[:i]))
+assert len(ev) == first_up + 1 and ev[-1]["step"] < 20, r2
+PYEOF
+contains "best val_rmse .* at step" <"$dir/best.out" || fail "no best line: $(cat "$dir/best.out")"
+pass "--keep-best val_rmse keeps the lowest-rmse evaluation; --best-metric val_r2:min --early-stop 1 stops at the first r2 not below the best"
+
 mpi 1 "$BIN" train "${common[@]}" --steps 20 --grad-accum 2 --checkpoint-dir "$dir/w1" >/dev/null
 h5diff "$dir/w2/ckpt-000000020.h5" "$dir/w1/ckpt-000000020.h5" /params /params ||
   fail "1 rank x 2 micro-batches differs from 2 ranks x 1"
@@ -215,3 +238,7 @@ bad "pos_weight has 2 values but the output has 4 labels (shape [4]); give one p
 sed 's/metric: "f1"/metric: "r2"/' "$dir/ml.pbtxt" >"$dir/metric.pbtxt"
 bad "metric 'r2' is not one the loss 'binary_cross_entropy_with_logits' supports; expected one of accuracy, f1" \
   train --data "$dir/ml.h5" --model "$dir/metric.pbtxt" --steps 1 --threads 1
+bad "--best-metric val_mean_iou: model 'ml' reports no metric 'mean_iou' (its loss block's metrics give: val_loss, val_accuracy, val_f1)" \
+  train --data "$dir/ml.h5" --val-data "$dir/ml.h5" --model "$dir/ml.pbtxt" --best-metric val_mean_iou --steps 1 --threads 1
+bad "--keep-best 'val_rmse:up' is not known; expected val_loss, val_accuracy or val_METRIC[:min|max]" \
+  train --data "$dir/train.h5" --model "$model" --keep-best val_rmse:up --steps 1 --threads 1
