@@ -124,6 +124,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     s->param.grad = s->grad.ensure(owner.shape, compute_);
   }
   for (auto& pd : pending) {
+    binds_.push_back(pd.binds);
     std::vector<Param*> ps;
     for (auto [shared, i] : pd.binds) ps.push_back(shared ? &shared_[i]->param : &params_[i]);
     if (!ps.empty()) pd.layer->bind(ps);
@@ -293,6 +294,44 @@ void Model::shard_masters(int64_t lo, int64_t hi) {
   for (auto& s : shared_) s->param.master = params_[s->owner].master;
 }
 
+void Model::shard_parameters(int64_t lo, int64_t hi) {
+  RT_CHECK(!params_sharded_ && 0 <= lo && lo <= hi && hi <= num_params_ &&
+               (compute_ == DType::f32 ? !sharded_
+                                       : sharded_ && master_lo_ == lo && master_count_ == hi - lo),
+           "sharding the parameters of ", num_params_, " in ", dtype_name(compute_), " to [", lo,
+           ", ", hi, ")");
+  const Device dev = master_.device();
+  if (compute_ == DType::f32) {
+    Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
+    copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
+               size_t(hi - lo) * 4);
+    master_ = std::move(shard);
+    master_lo_ = lo;
+    master_count_ = hi - lo;
+  } else {
+    const size_t es = dtype_size(compute_);
+    Buffer shard(size_t(hi - lo) * es, dev, MemCategory::working);
+    copy_bytes(shard.data(), dev, static_cast<char*>(work_.data()) + size_t(lo) * es, dev,
+               size_t(hi - lo) * es);
+    work_ = std::move(shard);
+  }
+  params_sharded_ = true;
+  auto unbind = [&](Param& p) {
+    p.work = Tensor(nullptr, p.shape, compute_, dev);
+    if (compute_ == DType::f32) p.master = p.work;
+  };
+  for (auto& p : params_) unbind(p);
+  for (auto& s : shared_) unbind(s->param);
+}
+
+std::vector<std::pair<Param*, size_t>> Model::node_bindings(size_t node) {
+  std::vector<std::pair<Param*, size_t>> out;
+  for (auto [shared, i] : binds_.at(node))
+    out.push_back(shared ? std::make_pair(&shared_[i]->param, shared_[i]->owner)
+                         : std::make_pair(&params_[i], i));
+  return out;
+}
+
 int64_t Model::fp32_count_in(int64_t lo, int64_t hi) const {
   int64_t n = 0;
   for (const auto& s : fp32_segments_)
@@ -330,13 +369,15 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
     v.resize(size_t(n));
     const Tensor t(v.data(), p.shape, DType::f32, Device{});
     draw(p, seed, t);
-    if (on_host) {
-      backend.cast(t, p.work);
-    } else {
-      copy_bytes(stage.data(), dev, v.data(), Device{}, size_t(n) * 4);
-      backend.cast(Tensor(stage.data(), p.shape, DType::f32, dev), p.work);
-    }
     const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
+    // The working copy: the whole parameter, or with sharded parameters (ZeRO-3) the shard's
+    // part of it (in fp32 the masters are the working copy).
+    const Tensor src = on_host ? t : Tensor(stage.data(), p.shape, DType::f32, dev);
+    if (!on_host) copy_bytes(stage.data(), dev, v.data(), Device{}, size_t(n) * 4);
+    if (!params_sharded_)
+      backend.cast(src, p.work);
+    else if (a < b && compute_ != DType::f32)
+      backend.cast(src.slice(a - p.offset, {b - a}), work().slice(a - lo, {b - a}));
     if (a < b)
       copy_bytes(static_cast<float*>(master_.data()) + (a - lo), dev, v.data() + (a - p.offset),
                  Device{}, size_t(b - a) * 4);
@@ -355,7 +396,7 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
 }
 
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
-  if (sharded_) return init_sharded(seed, backend);
+  if (sharded_ || params_sharded_) return init_sharded(seed, backend);
   // The values are drawn on the host. Device buffers are filled through host staging
   // copies and uploaded whole; on the host, `m` and `s` are the buffers themselves.
   const bool on_host = master_.device().kind == Device::cpu;
@@ -390,7 +431,7 @@ std::vector<std::string> Model::layer_names() const {
 
 void Model::refresh_working_copy(kernels::Backend& backend) {
   if (compute_ == DType::f32) return;
-  backend.cast(master(), work().slice(master_lo_, {master_count_}));
+  backend.cast(master(), work_shard());
   copy_shard_to_fp32();
 }
 
