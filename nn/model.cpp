@@ -24,7 +24,7 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, DType compute)
           }(),
           compute) {}
 
-Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
+Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text, bool flat_buffers)
     : text_(std::move(text)), compute_(compute) {
   struct Pending {
     Layer* layer;
@@ -105,16 +105,18 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     if (!bs.empty()) layer->bind_buffers(std::move(bs));
   }
   const Device dev = default_device();
-  master_ = Buffer(size_t(num_params_) * 4, dev, MemCategory::masters);
+  const int64_t flat = flat_buffers ? num_params_ : 0;
+  master_ = Buffer(size_t(flat) * 4, dev, MemCategory::masters);
   master_count_ = num_params_;
   if (compute_ != DType::f32)
-    work_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::working);
-  grad_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::gradients);
+    work_ = Buffer(size_t(flat) * dtype_size(compute_), dev, MemCategory::working);
+  grad_ = Buffer(size_t(flat) * dtype_size(compute_), dev, MemCategory::gradients);
   const Tensor m = master(), w = work(), g = grad();
   for (auto& p : params_) {
-    p.master = m.slice(p.offset, p.shape);
-    p.work = w.slice(p.offset, p.shape);
-    p.grad = g.slice(p.offset, p.shape);
+    p.master =
+        flat_buffers ? m.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, DType::f32, dev);
+    p.work = flat_buffers ? w.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, compute_, dev);
+    p.grad = flat_buffers ? g.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, compute_, dev);
   }
   for (auto& s : shared_) {
     const Param& owner = params_[s->owner];
@@ -277,12 +279,17 @@ void Model::shard_masters(int64_t lo, int64_t hi) {
   }
   // The values so far (zero or initialised) move into the shard and the region.
   const Device dev = master_.device();
+  // (none when the flat buffers were not allocated: initialisation or a checkpoint fills them)
+  const bool values = master_.data() != nullptr;
   Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
-  copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev, size_t(hi - lo) * 4);
+  if (values)
+    copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
+               size_t(hi - lo) * 4);
   fp32_ = Buffer(size_t(fp32_count_) * 4, dev, MemCategory::working);
   for (const auto& s : fp32_segments_)
-    copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
-               static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
+    if (values)
+      copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
+                 static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
   master_ = std::move(shard);
   master_lo_ = lo;
   master_count_ = hi - lo;
@@ -303,16 +310,18 @@ void Model::shard_parameters(int64_t lo, int64_t hi) {
   const Device dev = master_.device();
   if (compute_ == DType::f32) {
     Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
-    copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
-               size_t(hi - lo) * 4);
+    if (master_.data() != nullptr)
+      copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
+                 size_t(hi - lo) * 4);
     master_ = std::move(shard);
     master_lo_ = lo;
     master_count_ = hi - lo;
   } else {
     const size_t es = dtype_size(compute_);
     Buffer shard(size_t(hi - lo) * es, dev, MemCategory::working);
-    copy_bytes(shard.data(), dev, static_cast<char*>(work_.data()) + size_t(lo) * es, dev,
-               size_t(hi - lo) * es);
+    if (work_.data() != nullptr)
+      copy_bytes(shard.data(), dev, static_cast<char*>(work_.data()) + size_t(lo) * es, dev,
+                 size_t(hi - lo) * es);
     work_ = std::move(shard);
   }
   params_sharded_ = true;

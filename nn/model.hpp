@@ -54,7 +54,11 @@ struct LayerHooks {
 class Model {
  public:
   // `text`: the normalised model file the nodes were built from (what checkpoints store).
-  Model(std::vector<GraphNode> nodes, DType compute, std::string text = {});
+  // Without `flat_buffers` the flat masters, working copy and gradient are not allocated:
+  // the caller shards them at once (ZeRO-3: shard_masters in fp16/bf16, shard_parameters,
+  // release_grad), which allocate only the shard, so no rank ever holds the whole model.
+  Model(std::vector<GraphNode> nodes, DType compute, std::string text = {},
+        bool flat_buffers = true);
   // A chain: each layer reads the previous one's output (models built in code, tests).
   Model(std::vector<std::unique_ptr<Layer>> layers, DType compute);
 

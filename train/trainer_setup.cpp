@@ -82,7 +82,8 @@ void Trainer::setup() {
   if (cfg_.cache && data_) data_->enable_cache();
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
-  model_ = build_model(*model_file_, cfg_.precision);
+  // --zero 3: no whole flat buffer, not even while the strategy shards them.
+  model_ = build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3);
   model_->set_recompute(cfg_.recompute == "blocks");
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
   if (cfg_.zero == 3) refuse_plugin_parameters();
