@@ -8,7 +8,8 @@
 # 1e-3, see zero2.sh); evaluation during training equal to --zero 0's; the memory line's wire
 # bytes; the restart 4 ranks --zero 3 -> 1 rank --zero 0 -> 3 ranks --zero 2 -> 2 ranks
 # --zero 3, each leg within 1e-6 of the uninterrupted run; and a failure injected in a
-# parameter all-gather on rank 1, a stall there, and rank 1 killed there each end the job.
+# parameter all-gather on rank 1, a stall there, and rank 1 killed there each end the job;
+# --recompute blocks on a model without repeat body refused on 2 ranks.
 source "$(dirname "$0")/lib.sh"
 dir=$(workdir zero3)
 PY=/usr/bin/python3
@@ -44,6 +45,16 @@ for n in names:
 print("bitwise" if same else f"within {worst:.3g}")
 PYEOF
 }
+
+# --recompute blocks on a model without repeat body (cnn) with --zero 3 on 2 ranks: one
+# message, exit 1.
+rc=0
+out=$(mpi 2 "$BIN" train --model cnn --data "$DATA/train.h5" --threads 1 --steps 1 --zero 3 \
+  --recompute blocks 2>&1) || rc=$?
+[[ $rc -eq 1 ]] || fail "--zero 3 --recompute blocks on cnn exited $rc: $out"
+[[ $(grep -c "^ringtrain: error: .*--recompute blocks: model 'cnn' has no repeat body" <<<"$out") -eq 1 ]] ||
+  fail "--zero 3 --recompute blocks on cnn: not one message: $out"
+pass "--zero 3 --recompute blocks on cnn (no repeat body) refused on 2 ranks with one message, exit 1"
 
 # The MLP matrix: 12 steps, 2 micro-batches per step, clipping.
 for prec in fp32 bf16; do
