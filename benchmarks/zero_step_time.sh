@@ -59,8 +59,11 @@ for r in $(seq 1 "$rounds"); do
     times[$z]+="$(median_step "$m") "
   done
 done
+# (the space-separated figures split into arguments on purpose)
+# shellcheck disable=SC2086
 ref=$($py -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' ${times[0]})
 for z in 0 2 3; do
+  # shellcheck disable=SC2086
   t=$($py -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' ${times[$z]})
   $py -c 'import sys; z, t, ref, runs = sys.argv[1:5]; print(f"--zero {z}: median step {float(t)*1e3:.2f} ms over rounds ({runs.strip()}), ratio to --zero 0: {float(t)/float(ref):.3f}")' \
     "$z" "$t" "$ref" "${times[$z]}"
