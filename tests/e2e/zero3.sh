@@ -6,7 +6,7 @@
 # reduce-scatter buckets), fp32 within 1e-6 of --zero 0; gpt-tiny (tied head: embed.wte gathered again for the head) bitwise
 # --zero 0, also with --recompute blocks, and with --grad-accum 2 within 1e-6 (qkv biases
 # 1e-3, see zero2.sh); evaluation during training equal to --zero 0's; the memory line's wire
-# bytes; the restart 4 ranks --zero 3 -> 1 rank --zero 0 -> 3 ranks --zero 2 -> 2 ranks
+# bytes; --no-overlap and --comm hierarchical bitwise --comm mpi; the restart 4 ranks --zero 3 -> 1 rank --zero 0 -> 3 ranks --zero 2 -> 2 ranks
 # --zero 3, each leg within 1e-6 of the uninterrupted run; and a failure injected in a
 # parameter all-gather on rank 1, a stall there, and rank 1 killed there each end the job;
 # --recompute blocks on a model without repeat body refused on 2 ranks.
@@ -106,6 +106,22 @@ ar=${ar%% B*}
 (( ag > rs && ag < 2 * rs && 2 * (rs + ag) <= 3 * ar + 2 )) ||
   fail "parameter all-gather $ag B: not between one and two gradients, or more than 1.5 allreduces: $line"
 pass "memory line: $line"
+
+# --no-overlap (the reductions on the training thread) and --comm hierarchical (2 "nodes" of
+# 2 ranks: the gathers and reduce-scatters on its world communicator) bitwise the overlapped
+# --comm mpi run, 4 ranks, --grad-accum 2.
+for v in "mpi" "mpi --no-overlap" "hierarchical"; do
+  d=$dir/comm-${v// /}
+  # shellcheck disable=SC2086
+  mpi 4 -x RINGTRAIN_RANKS_PER_NODE=2 "$BIN" train "${args[@]}" --grad-accum 2 --steps 6 --zero 3 --comm $v \
+    --checkpoint-dir "$d" >"$d.out" 2>&1 || fail "--zero 3 --comm $v failed: $(cat "$d.out")"
+done
+contains "comm hierarchical" <"$dir/comm-hierarchical.out" || fail "not hierarchical: $(cat "$dir/comm-hierarchical.out")"
+for v in mpi--no-overlap hierarchical; do
+  r=$(cmp "$dir/comm-mpi/ckpt-000000006.h5" "$dir/comm-$v/ckpt-000000006.h5" 0) || fail "--zero 3 $v: $r"
+  [[ $r == bitwise ]] || fail "--zero 3 $v: $r"
+done
+pass "--zero 3 --no-overlap and --comm hierarchical (2 nodes x 2 ranks) bitwise equal to --comm mpi"
 
 # Evaluation during training gathers the whole weights: the same figures as --zero 0.
 for z in 0 3; do
