@@ -251,6 +251,25 @@ void GradReducer::gather(size_t b) {
   spans_.push_back({b, t0, t1, true});
 }
 
+double GradReducer::gather_params(const Tensor& dst, int64_t offset, int64_t step, int64_t position,
+                                  int64_t unit) {
+  RT_CHECK(sharded() && offset >= 0 && offset + dst.numel() <= cfg_.shards.total(),
+           "parameter all-gather of [", offset, ", ", offset + dst.numel(), ") over ",
+           cfg_.shards.total(), " sharded elements");
+  const auto t0 = Clock::now();
+  if (cfg_.overlap) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= ready_ || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  maybe_inject_fault("paramgather", step);
+  const FlightBucket in_unit{unit};
+  watch_.enter(step, position, "parameter all-gather", unit);
+  comm_.allgatherv(dst.data, cfg_.shards.counts_in(offset, dst.numel()), dst.dtype);
+  watch_.leave();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 void GradReducer::run() {
   set_flight_thread_name("comm");
   std::unique_lock<std::mutex> lock(mu_);

@@ -19,6 +19,7 @@
 // communication thread beyond that), the bucket is cast and reduce-scattered in it, this
 // rank's summed piece is converted to fp32 into the shard sums (written by a step's first
 // reduction, added to by the later ones: one per micro-batch), and the buffer is freed.
+// ZeRO-3 adds gather_params(): a node's parameters all-gathered between the reductions.
 #pragma once
 
 #include <chrono>
@@ -116,6 +117,15 @@ class GradReducer {
   double wait_gathered(size_t bucket);
   double finish_gather();
   double gather_seconds() const { return gather_s_; }  // summed over the last step's buckets
+  // ZeRO-3: all-gathers `dst` over the shard layout: the flat range [offset, offset +
+  // dst.numel()) of the parameters (any dtype), this rank's piece of it already in place. It
+  // runs on the calling thread once the communication thread has run every reduction handed
+  // to it (mark_ready), so no other collective is in flight and every rank issues the same
+  // collectives in the same order; backward's later buckets wait for it. `position` orders it
+  // among the step's waits for the stall watch, `unit` names it (its gather unit). Returns
+  // the seconds it took, the wait included; rethrows an error of the communication thread.
+  double gather_params(const Tensor& dst, int64_t offset, int64_t step, int64_t position,
+                       int64_t unit);
   bool sharded() const { return !cfg_.shards.empty(); }
   struct Span {
     size_t bucket;

@@ -3,7 +3,8 @@
 // is given). The end-to-end tests use it to prove that an error at any point of the loop, on
 // any rank, ends every rank with one message (tests/e2e/failures.sh). Points: read (the
 // loader thread), forward, backward, reduce (the communication thread), gather (--zero 1's
-// all-gather, the communication thread), optimizer, eval,
+// all-gather, the communication thread), paramgather (--zero 3's all-gather of a node's
+// parameters, before its forward or backward), optimizer, eval,
 // save (between collective writes of a checkpoint), metrics (rank 0's metrics writer),
 // export (after `ringtrain export` built and checked the graph), doctor (`ringtrain doctor`,
 // before its link tests); and, where a checkpoint save

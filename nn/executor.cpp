@@ -122,9 +122,10 @@ void Model::backward(Context& ctx, const Tensor& dlogits, const LayerHooks& hook
   for (size_t l = n; l-- > 0;) {
     RT_CHECK(has_grad_[l], "node ", layers_[l]->name(), " got no gradient");
     const int s = released_ ? segment_of_[l] : -1;
+    // Before the recomputation too: the hook may provide the segment's parameters (ZeRO-3).
+    if (hooks.before_backward) hooks.before_backward(l);
     if (s >= 0 && l + 1 == segments_[size_t(s)].end && size_t(s) + 1 < segments_.size())
       recompute_segment(ctx, size_t(s));  // in the buffers the segment after it handed over
-    if (hooks.before_backward) hooks.before_backward(l);
     {
       std::optional<AllocScope> scope;
       if (label) scope.emplace(layers_[l]->name());

@@ -421,12 +421,13 @@ void require_fits_in_memory(const ModelFile& file, const ModelPlan& plan,
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelFile& file, DType compute) {
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers) {
   const ModelPlan plan = plan_model(file);
   std::vector<GraphNode> nodes = make_graph_nodes(file, plan);
   require_fits_in_memory(file, plan, nodes);
   try {
-    auto model = std::make_unique<Model>(std::move(nodes), compute, file.normalised());
+    auto model =
+        std::make_unique<Model>(std::move(nodes), compute, file.normalised(), flat_buffers);
     model->set_io(plan.input, plan.classes);
     model->set_loss(plan.loss, plan.target);
     return model;

@@ -37,8 +37,8 @@ struct ModelPlan {
 
 // Needs the input shape and classes (ModelFile::set_data_shape, or a checkpoint's text).
 ModelPlan plan_model(const ModelFile& file);
-// Plans and builds; the Model's text() is file.normalised().
-std::unique_ptr<Model> build_model(const ModelFile& file, DType compute);
+// Plans and builds; the Model's text() is file.normalised(). `flat_buffers`: see Model.
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers = true);
 // A shipped model (or a model file) with var overrides ({"width", "8"}), for the data shape
 // given: what tests, benchmarks and tools build.
 std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape& input,

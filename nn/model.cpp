@@ -24,7 +24,7 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, DType compute)
           }(),
           compute) {}
 
-Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
+Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text, bool flat_buffers)
     : text_(std::move(text)), compute_(compute) {
   struct Pending {
     Layer* layer;
@@ -105,16 +105,18 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     if (!bs.empty()) layer->bind_buffers(std::move(bs));
   }
   const Device dev = default_device();
-  master_ = Buffer(size_t(num_params_) * 4, dev, MemCategory::masters);
+  const int64_t flat = flat_buffers ? num_params_ : 0;
+  master_ = Buffer(size_t(flat) * 4, dev, MemCategory::masters);
   master_count_ = num_params_;
   if (compute_ != DType::f32)
-    work_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::working);
-  grad_ = Buffer(size_t(num_params_) * dtype_size(compute_), dev, MemCategory::gradients);
+    work_ = Buffer(size_t(flat) * dtype_size(compute_), dev, MemCategory::working);
+  grad_ = Buffer(size_t(flat) * dtype_size(compute_), dev, MemCategory::gradients);
   const Tensor m = master(), w = work(), g = grad();
   for (auto& p : params_) {
-    p.master = m.slice(p.offset, p.shape);
-    p.work = w.slice(p.offset, p.shape);
-    p.grad = g.slice(p.offset, p.shape);
+    p.master =
+        flat_buffers ? m.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, DType::f32, dev);
+    p.work = flat_buffers ? w.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, compute_, dev);
+    p.grad = flat_buffers ? g.slice(p.offset, p.shape) : Tensor(nullptr, p.shape, compute_, dev);
   }
   for (auto& s : shared_) {
     const Param& owner = params_[s->owner];
@@ -124,6 +126,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
     s->param.grad = s->grad.ensure(owner.shape, compute_);
   }
   for (auto& pd : pending) {
+    binds_.push_back(pd.binds);
     std::vector<Param*> ps;
     for (auto [shared, i] : pd.binds) ps.push_back(shared ? &shared_[i]->param : &params_[i]);
     if (!ps.empty()) pd.layer->bind(ps);
@@ -276,12 +279,17 @@ void Model::shard_masters(int64_t lo, int64_t hi) {
   }
   // The values so far (zero or initialised) move into the shard and the region.
   const Device dev = master_.device();
+  // (none when the flat buffers were not allocated: initialisation or a checkpoint fills them)
+  const bool values = master_.data() != nullptr;
   Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
-  copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev, size_t(hi - lo) * 4);
+  if (values)
+    copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
+               size_t(hi - lo) * 4);
   fp32_ = Buffer(size_t(fp32_count_) * 4, dev, MemCategory::working);
   for (const auto& s : fp32_segments_)
-    copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
-               static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
+    if (values)
+      copy_bytes(static_cast<float*>(fp32_.data()) + s.at, dev,
+                 static_cast<float*>(master_.data()) + s.flat, dev, size_t(s.count) * 4);
   master_ = std::move(shard);
   master_lo_ = lo;
   master_count_ = hi - lo;
@@ -291,6 +299,46 @@ void Model::shard_masters(int64_t lo, int64_t hi) {
     params_[i].master =
         needed[i] ? fp32_copy().slice(fp32_segments_[next++].at, params_[i].shape) : Tensor();
   for (auto& s : shared_) s->param.master = params_[s->owner].master;
+}
+
+void Model::shard_parameters(int64_t lo, int64_t hi) {
+  RT_CHECK(!params_sharded_ && 0 <= lo && lo <= hi && hi <= num_params_ &&
+               (compute_ == DType::f32 ? !sharded_
+                                       : sharded_ && master_lo_ == lo && master_count_ == hi - lo),
+           "sharding the parameters of ", num_params_, " in ", dtype_name(compute_), " to [", lo,
+           ", ", hi, ")");
+  const Device dev = master_.device();
+  if (compute_ == DType::f32) {
+    Buffer shard(size_t(hi - lo) * 4, dev, MemCategory::masters);
+    if (master_.data() != nullptr)
+      copy_bytes(shard.data(), dev, static_cast<float*>(master_.data()) + lo, dev,
+                 size_t(hi - lo) * 4);
+    master_ = std::move(shard);
+    master_lo_ = lo;
+    master_count_ = hi - lo;
+  } else {
+    const size_t es = dtype_size(compute_);
+    Buffer shard(size_t(hi - lo) * es, dev, MemCategory::working);
+    if (work_.data() != nullptr)
+      copy_bytes(shard.data(), dev, static_cast<char*>(work_.data()) + size_t(lo) * es, dev,
+                 size_t(hi - lo) * es);
+    work_ = std::move(shard);
+  }
+  params_sharded_ = true;
+  auto unbind = [&](Param& p) {
+    p.work = Tensor(nullptr, p.shape, compute_, dev);
+    if (compute_ == DType::f32) p.master = p.work;
+  };
+  for (auto& p : params_) unbind(p);
+  for (auto& s : shared_) unbind(s->param);
+}
+
+std::vector<std::pair<Param*, size_t>> Model::node_bindings(size_t node) {
+  std::vector<std::pair<Param*, size_t>> out;
+  for (auto [shared, i] : binds_.at(node))
+    out.push_back(shared ? std::make_pair(&shared_[i]->param, shared_[i]->owner)
+                         : std::make_pair(&params_[i], i));
+  return out;
 }
 
 int64_t Model::fp32_count_in(int64_t lo, int64_t hi) const {
@@ -330,13 +378,15 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
     v.resize(size_t(n));
     const Tensor t(v.data(), p.shape, DType::f32, Device{});
     draw(p, seed, t);
-    if (on_host) {
-      backend.cast(t, p.work);
-    } else {
-      copy_bytes(stage.data(), dev, v.data(), Device{}, size_t(n) * 4);
-      backend.cast(Tensor(stage.data(), p.shape, DType::f32, dev), p.work);
-    }
     const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
+    // The working copy: the whole parameter, or with sharded parameters (ZeRO-3) the shard's
+    // part of it (in fp32 the masters are the working copy).
+    const Tensor src = on_host ? t : Tensor(stage.data(), p.shape, DType::f32, dev);
+    if (!on_host) copy_bytes(stage.data(), dev, v.data(), Device{}, size_t(n) * 4);
+    if (!params_sharded_)
+      backend.cast(src, p.work);
+    else if (a < b && compute_ != DType::f32)
+      backend.cast(src.slice(a - p.offset, {b - a}), work().slice(a - lo, {b - a}));
     if (a < b)
       copy_bytes(static_cast<float*>(master_.data()) + (a - lo), dev, v.data() + (a - p.offset),
                  Device{}, size_t(b - a) * 4);
@@ -355,7 +405,7 @@ void Model::init_sharded(uint64_t seed, kernels::Backend& backend) {
 }
 
 void Model::init_parameters(uint64_t seed, kernels::Backend& backend) {
-  if (sharded_) return init_sharded(seed, backend);
+  if (sharded_ || params_sharded_) return init_sharded(seed, backend);
   // The values are drawn on the host. Device buffers are filled through host staging
   // copies and uploaded whole; on the host, `m` and `s` are the buffers themselves.
   const bool on_host = master_.device().kind == Device::cpu;
@@ -390,7 +440,7 @@ std::vector<std::string> Model::layer_names() const {
 
 void Model::refresh_working_copy(kernels::Backend& backend) {
   if (compute_ == DType::f32) return;
-  backend.cast(master(), work().slice(master_lo_, {master_count_}));
+  backend.cast(master(), work_shard());
   copy_shard_to_fp32();
 }
 

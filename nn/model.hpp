@@ -39,10 +39,12 @@ struct GraphNode {
 // step: diagnostics, tracing, test faults, and the gradient-ready calls through which gradient
 // communication starts while backward goes on). Each member may be empty.
 struct LayerHooks {
-  // Before the node runs (ZeRO-1: waits for the all-gather of its parameters).
+  // Before the node runs (ZeRO-1: waits for the all-gather of its parameters; ZeRO-3: gathers
+  // them).
   std::function<void(size_t node)> before_forward;
   std::function<void(size_t node, const Tensor& y)> after_forward;  // the node's output
-  // Before the node's backward (ZeRO-2: points its parameters' gradients at their bucket).
+  // Before the node's backward, and before a recomputation of the segment it ends (ZeRO-2:
+  // points its parameters' gradients at their bucket; ZeRO-3: gathers its parameters).
   std::function<void(size_t node)> before_backward;
   // The node's (first) input gradient, empty where none is computed; before grad_ready.
   std::function<void(size_t node, const Tensor& dx)> after_backward;
@@ -52,7 +54,11 @@ struct LayerHooks {
 class Model {
  public:
   // `text`: the normalised model file the nodes were built from (what checkpoints store).
-  Model(std::vector<GraphNode> nodes, DType compute, std::string text = {});
+  // Without `flat_buffers` the flat masters, working copy and gradient are not allocated:
+  // the caller shards them at once (ZeRO-3: shard_masters in fp16/bf16, shard_parameters,
+  // release_grad), which allocate only the shard, so no rank ever holds the whole model.
+  Model(std::vector<GraphNode> nodes, DType compute, std::string text = {},
+        bool flat_buffers = true);
   // A chain: each layer reads the previous one's output (models built in code, tests).
   Model(std::vector<std::unique_ptr<Layer>> layers, DType compute);
 
@@ -98,8 +104,17 @@ class Model {
   }
   int64_t master_offset() const { return master_lo_; }
   bool masters_sharded() const { return sharded_; }
-  // The compute-dtype working copy (always all parameters); in fp32 it is the masters.
-  Tensor work() const { return compute_ == DType::f32 ? master() : flat(work_, compute_); }
+  // The compute-dtype working copy (all parameters; with shard_parameters() the flat range of
+  // master() only); in fp32 it is the masters.
+  Tensor work() const {
+    if (compute_ == DType::f32) return master();
+    return Tensor(work_.data(), {params_sharded_ ? master_count_ : num_params_}, compute_,
+                  work_.device());
+  }
+  // The working copy of the flat range the masters hold (all of it unless they are sharded).
+  Tensor work_shard() const {
+    return params_sharded_ ? work() : work().slice(master_lo_, {master_count_});
+  }
 
   // ZeRO-1 in fp16/bf16: this rank keeps the fp32 masters of the flat range [lo, hi) only.
   // The layers compute with the 16-bit working copy, except for the parameters they read
@@ -109,6 +124,19 @@ class Model {
   // is empty. The caller (the Trainer) fills the working copy and the region outside the
   // shard by all-gathers. Call right after construction, before init_parameters.
   void shard_masters(int64_t lo, int64_t hi);
+  // ZeRO-3: this rank keeps the parameters of the flat range [lo, hi) only: its fp32 masters
+  // (in fp16/bf16 call shard_masters(lo, hi) first; the full fp32 copy of the parameters read
+  // in fp32 stays whole) and in fp16/bf16 its working copy, work(). Every Param::work (in fp32
+  // also Param::master, a shared parameter's as well) is then empty until the caller points
+  // it at gathered values for a node's use (node_bindings) and empty again afterwards. Call
+  // right after construction (and shard_masters), before init_parameters.
+  void shard_parameters(int64_t lo, int64_t hi);
+  bool parameters_sharded() const { return params_sharded_; }
+  // The parameters node `node`'s layer reads, each with the index into params() of the
+  // parameter whose values it holds: itself, or the owner of one it shares.
+  std::vector<std::pair<Param*, size_t>> node_bindings(size_t node);
+  // The repeat-body instance (segment) node `node` belongs to; -1: none.
+  int segment_of(size_t node) const { return segment_of_[node]; }
   // The region: segment i holds the flat elements [flat, flat + count) at element `at`, in
   // increasing flat order (so any contiguous flat range is one contiguous piece of it).
   struct Fp32Segment {
@@ -208,7 +236,9 @@ class Model {
   int64_t num_buffer_elems_ = 0;
   Buffer master_, work_, grad_, state_;
   int64_t master_lo_ = 0, master_count_ = 0;
-  bool sharded_ = false;
+  bool sharded_ = false, params_sharded_ = false;
+  // Per node, the parameters its layer binds: (shared, index into shared_ or params_).
+  std::vector<std::vector<std::pair<bool, size_t>>> binds_;
   Buffer fp32_;  // sharded masters: the full fp32 copy of the parameters read in fp32
   int64_t fp32_count_ = 0;
   std::vector<Fp32Segment> fp32_segments_;

@@ -19,7 +19,7 @@ namespace ringtrain::launch {
 // The ZeRO stages and activation policies this build trains (--zero 0..kMaxTrainZero;
 // --recompute blocks when kTrainsRecompute). The memory planner plans stages 0 to 3 and
 // recomputation whatever these say, and suggests only what they allow.
-inline constexpr int kMaxTrainZero = 2;
+inline constexpr int kMaxTrainZero = 3;
 inline constexpr bool kTrainsRecompute = true;
 
 struct TrainConfig {

@@ -174,14 +174,15 @@ MemoryPlan plan_memory(const PlanModel& m, const PlanSettings& s) {
   else
     add(C::working, mixed ? d * shard + 4 * f : 0);
 
-  // Gather units: each block, and each node outside one.
+  // Gather units: each block, and each node outside one, with the parameters they share (the
+  // GPT head gathers embed.wte again).
   std::map<int, int64_t> block_params;
   int64_t unit = 0;
   for (const auto& n : m.nodes)
     if (n.block >= 0)
-      block_params[n.block] += n.params;
+      block_params[n.block] += n.params + n.shared;
     else
-      unit = std::max(unit, n.params);
+      unit = std::max(unit, n.params + n.shared);
   for (const auto& [b, k] : block_params) unit = std::max(unit, k);
   if (s.zero == 3) add(C::gathered, 2 * d * unit);
 

@@ -7,7 +7,8 @@
 //
 // The formulas (P parameters, S a rank's shard of them, d the compute dtype's bytes, w the
 // wire dtype's, k the optimizer's fp32 states per parameter, F the parameters read in fp32,
-// U the parameters of the largest gather unit: a repeat-body block or a node outside one):
+// U the parameters of the largest gather unit: a repeat-body block or a node outside one,
+// with the parameters it shares; one unit is held at a time, the plan allows two):
 //
 //   category    --zero 0          --zero 1            --zero 2            --zero 3
 //   masters     4P                4S                  4S                  4S

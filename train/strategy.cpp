@@ -104,6 +104,7 @@ int64_t ParallelStrategy::gradient_bytes() const {
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
                                                 kernels::Backend& backend, Model& model,
                                                 StepObservers& observers) {
+  if (cfg.zero == 3) return make_zero3(comm, backend, model, cfg.precision, observers);
   if (cfg.zero == 1 || cfg.zero == 2)
     return make_sharded(cfg.zero, comm, backend, model, cfg.precision, observers);
   return make_replicated(comm, backend, model, cfg.precision, observers);

@@ -5,9 +5,10 @@
 // tensor a checkpoint writes and reads on this rank, and the bytes all that takes in memory
 // and on the wire. One is chosen at start-up from the configuration (make_strategy); the
 // Trainer calls it at phase boundaries and knows no stage. Implementations:
-// strategy_replicated.cpp (every rank holds everything) and strategy_sharded.cpp (ZeRO-1:
+// strategy_replicated.cpp (every rank holds everything), strategy_sharded.cpp (ZeRO-1:
 // masters, fp32 gradient and optimizer state partitioned; ZeRO-2: the gradient too, from
-// the moment backward computes it).
+// the moment backward computes it) and strategy_zero3.cpp (ZeRO-3: the working weights too,
+// gathered unit by unit for the nodes that read them).
 #pragma once
 
 #include <memory>
@@ -34,10 +35,12 @@ class ParallelStrategy {
   // part of the working weights), optimizer state, working weights (0 when they are the
   // masters themselves), the full fp32 copy of the parameters layers read in fp32 (sharded
   // masters in fp16/bf16), gradients (compute dtype, the fp32 gradient, the wire buffer),
-  // and the most bytes of gradient buckets that exist at once (ZeRO-2: allocated as backward
-  // reaches a bucket and freed when it is reduced; the other strategies keep none).
+  // and the most bytes of gradient buckets that exist at once (ZeRO-2/3: allocated as
+  // backward reaches a bucket and freed when it is reduced; the other strategies keep none);
+  // and the most bytes of parameters gathered at once for the nodes running (ZeRO-3).
   struct MemoryUse {
-    int64_t masters = 0, optimizer = 0, work = 0, fp32_read = 0, grads = 0, grad_buckets = 0;
+    int64_t masters = 0, optimizer = 0, work = 0, fp32_read = 0, grads = 0, grad_buckets = 0,
+            gathered = 0;
   };
   // Bytes a rank sends per step under the ring model (nccl-tests' bus bytes): the gradient
   // reduction (all micro-batches' where each is reduced), the all-gather of working weights
@@ -90,6 +93,11 @@ class ParallelStrategy {
   virtual void start_weights(bool resumed) = 0;
   // The layer hooks the step gives the model: what the forward waits for, if anything.
   virtual void install_hooks(LayerHooks& /*hooks*/) {}
+  // Before micro-batch `micro` of step `step` runs forward.
+  virtual void begin_forward(int64_t /*step*/, int64_t /*micro*/) {}
+  // Evaluation runs the model without the hooks: a strategy that holds no whole working
+  // weights (ZeRO-3) gathers them all (on) and frees them again (off). Collective.
+  virtual void hold_whole_weights(bool /*on*/) {}
 
   // --- A step.
   // After the reduction: the sums this rank owns unscaled and checked for inf/nan (into the
@@ -155,7 +163,8 @@ class ParallelStrategy {
   int64_t micro_batches_ = 1;
 };
 
-// The strategy the configuration asks for (--zero 0: replicated, 1: ZeRO-1, 2: ZeRO-2).
+// The strategy the configuration asks for (--zero 0: replicated, 1: ZeRO-1, 2: ZeRO-2,
+// 3: ZeRO-3).
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
                                                 kernels::Backend& backend, Model& model,
                                                 StepObservers& observers);
@@ -166,5 +175,8 @@ std::unique_ptr<ParallelStrategy> make_replicated(comm::Communicator& comm,
 std::unique_ptr<ParallelStrategy> make_sharded(int stage, comm::Communicator& comm,
                                                kernels::Backend& backend, Model& model,
                                                DType precision, StepObservers& observers);
+std::unique_ptr<ParallelStrategy> make_zero3(comm::Communicator& comm, kernels::Backend& backend,
+                                             Model& model, DType precision,
+                                             StepObservers& observers);
 
 }  // namespace ringtrain::launch

@@ -54,6 +54,7 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
     backend_->cast(xb, xc_.ensure(xb.shape, cfg_.precision));
     x = &xc_.view;
   }
+  strategy_->begin_forward(step, micro);
   const Tensor& logits = model_->forward(ctx, *x, node_hooks_);
   finish_weight_gather();  // nodes that read no parameter leave nothing else to wait for
   Tensor& dlogits = [&]() -> Tensor& {
@@ -323,10 +324,12 @@ bool Trainer::run_eval() {
   // Token data: the training micro-batch of windows (its [B, T, V] logits fit); images: 256.
   const int64_t batch = val_tokens_ ? micro_batch_ : std::max<int64_t>(256, micro_batch_);
   const bool own_loss = !val_tokens_ && model_->loss().own_evaluation();
+  strategy_->hold_whole_weights(true);  // --zero 3: gathered for the evaluation
   const EvalResult r = val_tokens_ ? evaluate_tokens(*model_, *val_tokens_, comm_, *backend_, batch,
                                                      cfg_.eval_windows)
                        : own_loss  ? evaluate_loss(*model_, *val_, comm_, *backend_, batch, norm_)
                                    : evaluate(*model_, *val_, comm_, *backend_, batch, norm_);
+  strategy_->hold_whole_weights(false);
   char line[240];
   // -1: not byte tokens (no bits/byte)
   const double bits = val_tokens_ ? bits_per_byte(val_tokens_->info(), r.loss).value_or(-1) : -1;

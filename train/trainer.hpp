@@ -76,6 +76,7 @@ class Trainer {
   void setup();
   // Plugins, data and model file (model_file_): the part of setup() that reads the inputs.
   void setup_inputs();
+  void refuse_plugin_parameters() const;  // --zero 3: input error for a plugin op's parameters
   // The training (and validation) data of the kind the model takes: its sample shape and
   // classes ([T] and the vocabulary for token data) for the model file.
   // Input error unless the data holds what the model file's loss reads (labels, float or

@@ -10,6 +10,7 @@
 
 #include "core/fault_injection.hpp"
 #include "kernels/cuda/cuda_api.hpp"
+#include "nn/op_registry.hpp"
 #include "train/evaluate.hpp"
 #include "train/flight_observer.hpp"
 #include "train/job.hpp"
@@ -81,9 +82,11 @@ void Trainer::setup() {
   if (cfg_.cache && data_) data_->enable_cache();
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
-  model_ = build_model(*model_file_, cfg_.precision);
+  // --zero 3: no whole flat buffer, not even while the strategy shards them.
+  model_ = build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3);
   model_->set_recompute(cfg_.recompute == "blocks");
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
+  if (cfg_.zero == 3) refuse_plugin_parameters();
   strategy_ = make_strategy(cfg_, comm_, *backend_, *model_, observers_);
   strategy_->place_parameters();
   optimizer_ = strategy_->make_optimizer(cfg_.optimizer, cfg_.decay_all);
@@ -112,6 +115,21 @@ void Trainer::setup() {
   strategy_->allocate_gradients(optimizer_unscales_);
   // cuda: host copies of what a checkpoint holds on this rank.
   if (device_.kind == Device::cuda) host_ = strategy_->make_host_mirror();
+}
+
+void Trainer::refuse_plugin_parameters() const {
+  // --zero 3 points a node's parameter views at a transient buffer while the node runs and
+  // empties them afterwards; a plugin's layer may keep what they pointed at beyond that, so
+  // its parameters cannot be gathered safely.
+  for (const PlannedNode& pn : plan_model(*model_file_).nodes) {
+    const std::string& lib = op_plugin(pn.op);
+    const Layer* layer = model_->find_layer(pn.name);
+    if (lib.empty() || layer == nullptr || layer->param_specs().empty()) continue;
+    throw_input(cat("--zero 3: node '", pn.name, "' runs op '", pn.op, "' of plugin '", lib,
+                    "', which has parameters; --zero 3 gathers parameters into transient "
+                    "buffers, which a plugin's layer is not known to allow; use --zero 2 (or 1) "
+                    "with this model"));
+  }
 }
 
 void Trainer::setup_inputs() {

@@ -106,6 +106,17 @@ h5dump -a /plugins "$ckpt" | contains "swish_beta=$plugin" ||
   fail "the checkpoint does not record the plugin (attribute /plugins)"
 pass "the checkpoint records swish_beta=$plugin"
 
+# --zero 3 cannot gather a plugin op's parameters: refused on every rank, one message, exit 1.
+rc=0
+(cd "$dir" && mpi 2 "$BIN" train --plugin "$plugin" "${train_args[@]}" --steps 2 --zero 3) \
+  >"$dir/zero3.out" 2>"$dir/zero3.err" || rc=$?
+[[ $rc -eq 1 ]] || { cat "$dir/zero3.err"; fail "--zero 3 with a plugin op's parameters exited $rc, expected 1"; }
+msg=$(grep '^ringtrain: error:' "$dir/zero3.err" || true)
+[[ $(grep -c . <<<"$msg") -eq 1 ]] || { cat "$dir/zero3.err"; fail "--zero 3 with the plugin: expected one error line"; }
+grep -qF -- "--zero 3: node 'act1' runs op 'swish_beta' of plugin '$plugin', which has parameters" <<<"$msg" ||
+  fail "--zero 3 with the plugin: '$msg'"
+pass "--zero 3 with a plugin op's parameters on 2 ranks: $msg"
+
 # ---- 5. eval with the plugin, and without it -----------------------------------------
 mpi 2 "$BIN" eval --plugin "$plugin" --checkpoint "$ckpt" --data "$DATA/test.h5" \
   --threads 1 >"$dir/eval.out" 2>"$dir/eval.err" || { cat "$dir/eval.err"; fail "eval with --plugin"; }

@@ -13,10 +13,10 @@ args=(--data "$DATA/train.h5" --hidden "33,17" --global-batch-size 48 --threads 
   --lr 3e-3 --grad-clip 1 --bucket-mb 0.004 --log-every 10)
 
 rc=0
-out=$("$BIN" train "${args[@]}" --steps 1 --zero 3 2>&1) || rc=$?
-[[ $rc -eq 1 ]] || fail "--zero 3 exited $rc: $out"
-contains "\-\-zero 3 is not valid; expected 0, 1 or 2" <<<"$out" || fail "--zero 3: $out"
-pass "--zero 3 refused with exit 1"
+out=$("$BIN" train "${args[@]}" --steps 1 --zero 5 2>&1) || rc=$?
+[[ $rc -eq 1 ]] || fail "--zero 5 exited $rc: $out"
+contains "\-\-zero 5 is not valid; expected 0, 1, 2 or 3" <<<"$out" || fail "--zero 5: $out"
+pass "--zero 5 refused with exit 1"
 
 # The restart matrix against one uninterrupted run.
 mpi 2 "$BIN" train "${args[@]}" --steps 30 --checkpoint-dir "$dir/ref" >"$dir/ref.out" 2>&1 ||

@@ -10,7 +10,8 @@
 // micro-batch, fp32 with clipping and bf16 with sharded masters), within 1e-6 of the allreduce
 // path with --grad-accum 2 and clipping (each micro-batch reduce-scattered, the shards summed
 // in fp32: another summation order); no whole gradient buffer, the bucket buffers in flight
-// bounded, and the fp32 gradient and wire bytes of a shard.
+// bounded, and the fp32 gradient and wire bytes of a shard. ZeRO-3 (--zero 3): within 1e-6 of
+// the allreduce path (bitwise losses on 2 ranks), each rank holding its shard only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "comm/shard_layout.hpp"
+#include "core/memory_stats.hpp"
 #include "kernels/kernels.hpp"
 #include "mpi_test_util.hpp"
 #include "train/trainer.hpp"
@@ -507,6 +509,49 @@ TEST(Zero2AcrossRanks, GradientIsTheShardAndBucketsInFlight) {
     EXPECT_DOUBLE_EQ(b.reduce, f * double(n) * double(es));
     EXPECT_DOUBLE_EQ(b.allreduce, 2 * b.reduce) << "a reduce-scatter is half an allreduce";
   }
+}
+
+// ZeRO-3 (--zero 3): 200 steps with clipping against the allreduce path (within 1e-6; the
+// losses bitwise on 2 ranks, printed), each rank's shard of the masters against the same
+// range of the replicated run's; between steps no whole weights, no gathered unit and no
+// gradient buffer exist (every working-weight view empty, the `gathered` category at 0 B).
+TEST(Zero3AcrossRanks, MatchesAllreduceAndHoldsOnlyItsShard) {
+  const std::string data = test::shared_dataset(2048, 13);
+  comm::MpiCommunicator world0(MPI_COMM_WORLD), world1(MPI_COMM_WORLD);
+  ASSERT_GE(world0.size(), 2) << "registered at 1 rank, where nothing is sharded";
+  launch::TrainConfig cfg = zero_test_config();
+  cfg.data = data;
+  launch::Trainer plain(cfg, world0);
+  cfg.zero = 3;
+  launch::Trainer zero(cfg, world1);
+  const auto [loss_bitwise, worst] = run_both(plain, zero, 1e-6);
+  ASSERT_GE(loss_bitwise, 0);
+  if (world0.size() == 2) {
+    EXPECT_EQ(loss_bitwise, 200) << "2 ranks: the same sums as --zero 0";
+  }
+  Model& m = zero.model();
+  const int64_t n = m.num_params(), shard = expected_shard(n, world0.size(), world0.rank());
+  ASSERT_TRUE(m.parameters_sharded());
+  ASSERT_EQ(m.master().numel(), shard);
+  const Diff d = compare(plain.model().master().as<float>() + m.master_offset(),
+                         m.master().as<float>(), shard);
+  EXPECT_LE(d.rel, 1e-6) << d.differ << " of " << shard << " parameters of the shard differ";
+  for (const Param& p : m.params())
+    EXPECT_EQ(p.work.data, nullptr) << p.name << ": a gathered view left after the step";
+  EXPECT_EQ(m.grad().data, nullptr) << "no whole gradient buffer";
+  EXPECT_EQ(memory_counts(false).at(MemCategory::gathered), 0) << "a gathered unit still held";
+  EXPECT_GT(memory_counts(false).peak_of(MemCategory::gathered), 0) << "nothing was gathered";
+  const auto mu = zero.memory_use();
+  EXPECT_EQ(mu.masters, shard * 4);
+  EXPECT_EQ(mu.optimizer, shard * 8);
+  EXPECT_EQ(mu.grads, shard * 4);
+  EXPECT_EQ(mu.work, 0) << "fp32: the masters' shard is the working shard";
+  if (world0.rank() == 0)
+    std::printf(
+        "[zero3] fp32, %d ranks: %lld/200 losses bitwise (worst relative %.3g), %lld of the "
+        "shard's %lld params differ, relative difference %.3g\n",
+        world0.size(), static_cast<long long>(loss_bitwise), worst,
+        static_cast<long long>(d.differ), static_cast<long long>(shard), d.rel);
 }
 
 }  // namespace
