@@ -151,7 +151,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "copy the state at the save's step and write the checkpoint in the background while training continues (the same file; at most one save in flight)")
       ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy: also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
-      ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir");
+      ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
+      ("init-from", po::value(&c.init_from), "start from these weights only (a ringtrain checkpoint, or a Hugging Face GPT-2 directory): step 0, fresh optimizer state, this run's schedule; the model must have the same tensors (the last node may differ in its classes: it is then freshly initialised). A checkpoint to resume in --checkpoint-dir wins")
+      ("freeze", po::value(&c.freeze)->composing(), "PREFIX: never update the tensors whose name starts with PREFIX (no step, no weight decay); repeatable");
   po::options_description dev("device and communication");
   dev.add_options()
       ("device", value_or_default(&c.device), "cpu | cuda")
@@ -298,6 +300,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
              "' is not valid; expected none or blocks");
   if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now
+  RT_REQUIRE(c.resume == "auto" || c.resume == "never" || c.init_from.empty(), "--init-from '",
+             c.init_from, "' and --resume '", c.resume,
+             "' both give the weights; --resume FILE continues a run, --init-from starts a new "
+             "one from weights: give one");
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");
