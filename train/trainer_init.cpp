@@ -13,6 +13,24 @@
 #include "train/trainer.hpp"
 
 namespace ringtrain::launch {
+namespace {
+
+// The train options that build `src`'s model: --model and a --set per var ("--model
+// gpt2-124m --set layers=2 ..."), for messages. `base`: the model file it was made from.
+std::string model_options(const ModelFile& src, const std::string& base) {
+  std::string out = cat("--model ", base);
+  const ExprScope scope = src.scope();
+  for (const std::string& v : src.var_names()) {
+    const auto it = scope.find(v);
+    if (it == scope.end()) continue;
+    const ExprValue& x = it->second;
+    if (x.kind == ExprValue::Kind::integer) out += cat(" --set ", v, "=", x.i);
+    if (x.kind == ExprValue::Kind::real) out += cat(" --set ", v, "=", x.d);
+  }
+  return out;
+}
+
+}  // namespace
 
 void Trainer::init_weights_from(const std::string& source) {
   const bool hf_dir = is_hf_dir(source);
@@ -31,6 +49,9 @@ void Trainer::init_weights_from(const std::string& source) {
         model_from_checkpoint(io::read_checkpoint_meta(source), source));
   }
   const ModelFile& src = hf ? hf->model_file() : *theirs;
+  const std::string same =
+      cat("; initialise from a checkpoint of the same model (", src.name(), ": ",
+          model_options(src, hf ? std::string("gpt2-124m") : src.name()), ")");
   std::map<std::string, Shape> src_shapes;
   for (auto& [name, shape] : model_param_shapes(src)) src_shapes[name] = shape;
   const std::string head = plan_model(*model_file_).nodes.back().name;
@@ -40,13 +61,13 @@ void Trainer::init_weights_from(const std::string& source) {
     const auto it = src_shapes.find(name);
     RT_REQUIRE(it != src_shapes.end(), "--init-from '", source, "' holds model '", src.name(),
                "', which has no tensor '", name, "' of this run's model '", model_file_->name(),
-               "' (", shape_str(shape), "); initialise from a checkpoint of the same model");
+               "' (", shape_str(shape), ")", same);
     if (it->second != shape) {
       const bool in_head = name.starts_with(head + ".");
       RT_REQUIRE(in_head, "--init-from '", source, "': tensor '", name, "' is ",
                  shape_str(it->second), " there but ", shape_str(shape), " in this run's model '",
                  model_file_->name(), "'; only the last node ('", head,
-                 "', the head) may differ, when the number of classes does");
+                 "', the head) may differ, when the number of classes does", same);
       replaced.push_back(cat(name, " ", shape_str(it->second), " -> ", shape_str(shape)));
     }
     read[name] = it->second == shape;
@@ -55,8 +76,7 @@ void Trainer::init_weights_from(const std::string& source) {
   RT_REQUIRE(src_shapes.empty(), "--init-from '", source, "' holds model '", src.name(),
              "' with tensor '", src_shapes.begin()->first, "' ",
              shape_str(src_shapes.begin()->second), ", which this run's model '",
-             model_file_->name(),
-             "' does not have; initialise from a checkpoint of the same model");
+             model_file_->name(), "' does not have", same);
 
   auto pick = [&](const std::vector<io::NamedTensor>& views) {
     std::vector<io::NamedTensor> out;
