@@ -62,7 +62,11 @@ void Trainer::init_weights_from(const std::string& source) {
     RT_REQUIRE(it != src_shapes.end(), "--init-from '", source, "' holds model '", src.name(),
                "', which has no tensor '", name, "' of this run's model '", model_file_->name(),
                "' (", shape_str(shape), ")", same);
-    if (it->second != shape) {
+    // A Hugging Face vocabulary padded to this run's embedding rows (the rows beyond it zero,
+    // as llm.c pads GPT-2's 50257 to 50304).
+    const bool padded = hf && name == "embed.wte" && shape.size() == 2 && it->second.size() == 2 &&
+                        shape[1] == it->second[1] && shape[0] >= it->second[0];
+    if (it->second != shape && !padded) {
       const bool in_head = name.starts_with(head + ".");
       RT_REQUIRE(in_head, "--init-from '", source, "': tensor '", name, "' is ",
                  shape_str(it->second), " there but ", shape_str(shape), " in this run's model '",
@@ -70,7 +74,7 @@ void Trainer::init_weights_from(const std::string& source) {
                  "', the head) may differ, when the number of classes does", same);
       replaced.push_back(cat(name, " ", shape_str(it->second), " -> ", shape_str(shape)));
     }
-    read[name] = it->second == shape;
+    read[name] = it->second == shape || padded;
     src_shapes.erase(it);
   }
   RT_REQUIRE(src_shapes.empty(), "--init-from '", source, "' holds model '", src.name(),

@@ -131,6 +131,19 @@ mpi 2 "$BIN" train "${gpt[@]}" --init-from hf-sharded --steps 5 --weight-decay 0
   fail "train with every tensor frozen"
 h5diff ck.h5 frozen/ckpt-000000005.h5 /params /params ||
   fail "--init-from + --freeze of every tensor: the weights are not the HF model's bitwise"
+# Into a run whose embedding has more rows (padded_vocab 320): the HF rows, then zeros.
+mpi 2 "$BIN" train "${gpt[@]/padded_vocab=256/padded_vocab=320}" --init-from hf --steps 1 \
+  --freeze embed. --freeze block --freeze ln_f --checkpoint-dir padded >/dev/null ||
+  fail "train --init-from hf with padded_vocab 320"
+"$PY" - <<'EOF' || fail "--init-from hf into padded_vocab 320"
+import h5py, numpy as np
+with h5py.File("ck.h5") as a, h5py.File("padded/ckpt-000000001.h5") as b:
+    w = b["params/embed.wte"][()]
+    assert w.shape == (320, 64) and np.array_equal(w[:256], a["params/embed.wte"][()])
+    assert not w[256:].any(), "padded rows not zero"
+EOF
+pass "--init-from hf into padded_vocab 320: the 256 rows bitwise, 64 zero rows"
+
 # block0. frozen: bitwise equal; every other tensor moved (replicated fp32, and ZeRO-1 in bf16:
 # sharded masters, each rank reading its part).
 for how in "--zero 0" "--zero 1 --precision bf16"; do
