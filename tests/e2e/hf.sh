@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face weights in and out, against the real libraries (transformers 4.44 and
 # safetensors from PyPI in a venv, lib.sh's hf_venv): a random GPT2LMHeadModel saved with
-# save_pretrained (one file, and sharded with model.safetensors.index.json) -> `convert hf`
+# save_pretrained (one file, sharded with model.safetensors.index.json, and its GPT2Model
+# without the "transformer." prefix) -> `convert hf`
 # on 1 and 2 ranks (the same tensors) -> ringtrain's fp32 logits equal transformers' within
 # 1e-5 -> `export --format hf` gives back every tensor bitwise, and from_pretrained of the
 # export gives the same logits. Fine-tuning: `train --init-from HF_DIR` on 2 ranks trains and
@@ -31,6 +32,7 @@ with torch.no_grad():
         p.uniform_(-0.3, 0.3)
 m.save_pretrained("hf")
 m.save_pretrained("hf-sharded", max_shard_size="100KB")
+m.transformer.save_pretrained("hf-base")  # GPT2Model: the names without "transformer."
 EOF
 ls hf-sharded/model-00002-of-*.safetensors >/dev/null || fail "save_pretrained wrote no shards"
 
@@ -39,6 +41,8 @@ contains "converted hf -> ck.h5: gpt2 (28 tensors, 118528 parameters" <convert.o
   fail "convert hf: $(cat convert.out)"
 mpi 2 "$BIN" convert hf --in hf-sharded --out ck2.h5 >/dev/null || fail "convert hf (2 ranks)"
 h5diff ck.h5 ck2.h5 /params /params || fail "2 ranks from shards differ from 1 rank"
+mpi 2 "$BIN" convert hf --in hf-base --out ck-base.h5 >/dev/null || fail "convert hf of GPT2Model"
+h5diff ck.h5 ck-base.h5 /params /params || fail "GPT2Model's names read other values"
 pass "convert hf: 1 rank from one file = 2 ranks from $(find hf-sharded -name "*.safetensors" | wc -l) shards"
 
 # ---- logits: ringtrain (the converted checkpoint) vs transformers ----------------------
