@@ -26,6 +26,11 @@ std::string model_options(const ModelFile& src, const std::string& base) {
     const ExprValue& x = it->second;
     if (x.kind == ExprValue::Kind::integer) out += cat(" --set ", v, "=", x.i);
     if (x.kind == ExprValue::Kind::real) out += cat(" --set ", v, "=", x.d);
+    if (x.kind == ExprValue::Kind::string) out += cat(" --set ", v, "=", x.s);
+    if (x.kind == ExprValue::Kind::list && !x.list.empty()) {
+      out += cat(" --set ", v, "=", x.list[0]);
+      for (size_t i = 1; i < x.list.size(); ++i) out += cat(",", x.list[i]);
+    }
   }
   return out;
 }
