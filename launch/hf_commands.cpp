@@ -3,8 +3,8 @@
 // the name mapping). convert: every rank maps the files, reads the flat 1/W-th of each tensor
 // it writes (converting and transposing element by element, so no rank holds more than its
 // part) and the ranks write the checkpoint together, each its hyperslabs. export: rank 0
-// loads the checkpoint's masters once and writes each tensor straight into the mapped
-// safetensors file (transposed where HF stores Conv1D weights).
+// reads the checkpoint one tensor at a time straight into the mapped safetensors file (a
+// Conv1D weight through one tensor's buffer, transposed), never building the model.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -102,28 +102,31 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir)
   const io::CheckpointMeta meta = io::read_checkpoint_meta(checkpoint);
   const ModelFile file = model_from_checkpoint(meta, checkpoint);
   const Gpt2Sizes g = gpt2_sizes(file, checkpoint);
-  std::unique_ptr<kernels::Backend> backend = make_backend(Device{}, 1, "grow");
-  LoadedModel loaded = load_model_from_checkpoint(checkpoint, DType::f32, Device{}, *backend);
-  std::map<std::string, Tensor> masters;
-  for (auto& p : loaded.model->params()) masters[p.name] = p.master;
-
+  // One tensor at a time from the checkpoint: straight into the mapped output, or (Conv1D
+  // weights) into one tensor's buffer, transposed into the output.
   std::vector<io::SafetensorsOut> out;
   for (const auto& [name, shape] : model_param_shapes(file)) {
     const HfName h = gpt2_hf_name(name);
-    RT_CHECK(!h.name.empty() && masters.count(name), "no HF name for '", name, "'");
-    const float* src = static_cast<const float*>(masters.at(name).data);
+    RT_CHECK(!h.name.empty(), "no HF name for '", name, "'");
     if (h.transpose) {  // ringtrain [O, I] -> Conv1D [I, O]
       const int64_t o_dim = shape[0], i_dim = shape[1];
-      out.push_back({h.name, {i_dim, o_dim}, [=](float* dst) {
+      out.push_back({h.name, {i_dim, o_dim}, [=, &checkpoint](float* dst) {
+                       std::vector<float> src(static_cast<size_t>(o_dim * i_dim));
+                       io::read_checkpoint_params(
+                           checkpoint, {{name, Tensor(src.data(), shape, DType::f32, Device{})}});
                        for (int64_t i = 0; i < i_dim; ++i)
                          for (int64_t o = 0; o < o_dim; ++o)
-                           dst[i * o_dim + o] = src[o * i_dim + i];
+                           dst[i * o_dim + o] = src[size_t(o * i_dim + i)];
                      }});
     } else {
       Shape s = shape;
       if (name == "embed.wte") s[0] = g.classes;  // the vocabulary, without the padded rows
       const int64_t n = shape_numel(s);
-      out.push_back({h.name, s, [=](float* dst) { std::copy(src, src + n, dst); }});
+      // The first n elements of the stored tensor (all of it but the padded rows).
+      out.push_back({h.name, s, [=, &checkpoint](float* dst) {
+                       io::read_checkpoint_params(
+                           checkpoint, {{name, Tensor(dst, {n}, DType::f32, Device{}), shape, 0}});
+                     }});
     }
   }
   nlohmann::ordered_json config = {{"architectures", {"GPT2LMHeadModel"}},
