@@ -18,7 +18,6 @@
 #include "launch/config.hpp"
 #include "nn/graph_builder.hpp"
 #include "ringtrain/config.hpp"
-#include "train/device.hpp"
 #include "train/hf_weights.hpp"
 #include "train/job.hpp"
 #include "train/model_source.hpp"
