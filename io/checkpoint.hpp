@@ -102,6 +102,14 @@ uint64_t checkpoint_bytes_bound(const CheckpointMeta& meta, const std::vector<Na
                                 const std::vector<NamedTensor>& per_rank,
                                 const std::vector<NamedTensor>& buffers, int world, uint64_t block);
 
+// One checkpoint file at `path`, written as CheckpointStore::save writes one (collective,
+// PATH.tmp then renamed; each rank its share or its hyperslabs of sharded tensors), outside
+// any store: no directory lock, nothing pruned. `convert hf` writes its output with it.
+uint64_t save_checkpoint_file(MPI_Comm comm, const std::string& path, const CheckpointMeta& meta,
+                              const std::vector<NamedTensor>& params,
+                              const std::vector<OptimizerState>& optimizer = {},
+                              const std::vector<NamedTensor>& buffers = {});
+
 class CheckpointStore {
  public:
   CheckpointStore(std::string dir, int keep);  // input error when the dir cannot be made

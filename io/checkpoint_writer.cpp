@@ -362,21 +362,26 @@ uint64_t checkpoint_bytes_bound(const CheckpointMeta& m, const std::vector<Named
   return h5_file_bytes_bound(extents, block, attrs);
 }
 
-uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
-                               const std::vector<NamedTensor>& params,
-                               const std::vector<OptimizerState>& optimizer,
-                               const std::vector<NamedTensor>& per_rank,
-                               const std::vector<NamedTensor>& buffers) {
+namespace {
+
+// The save of one file at final_path (see CheckpointStore::save); `kept` says in a failure
+// message what stays untouched, `after_commit` runs on rank 0 once the file is in place.
+uint64_t save_file(MPI_Comm comm, const std::string& final_path, const std::string& kept,
+                   const CheckpointMeta& m, const std::vector<NamedTensor>& params,
+                   const std::vector<OptimizerState>& optimizer,
+                   const std::vector<NamedTensor>& per_rank,
+                   const std::vector<NamedTensor>& buffers, int64_t* direct_chunks_out,
+                   const std::function<void(const std::string&)>& after_commit) {
   require_finite_for_save(m, params, optimizer, buffers);     // before any file is created
   std::unique_lock<std::recursive_mutex> hdf5(hdf5_mutex());  // H5Lock, released to commit
+  int64_t& direct_chunks_ = *direct_chunks_out;
   direct_chunks_ = 0;
   int rank = 0, size = 1;
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
   }
-  const std::string final_path = path_for(m.step), tmp = final_path + ".tmp";
-  const std::string kept = cat("the checkpoints already in '", dir(), "' are kept");
+  const std::string tmp = final_path + ".tmp";
   // Every rank ends an agreed failure the same way: rank 0 removes the .tmp, all throw (the
   // message first: the free space it names is the space the save met).
   auto fail_agreed = [&](const std::string& why) {
@@ -476,7 +481,7 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
                       cat("rename '", tmp, "': ", std::strerror(ENOSPC), " (RINGTRAIN_TEST_FAIL)"));
       commit_output(tmp, final_path);
       bytes = fs::file_size(final_path);
-      prune(final_path);
+      if (after_commit) after_commit(final_path);
     } catch (const Error& e) {
       commit_failure = e.what();
       if (failed_for_space(tmp, commit_failure))  // the words every rank will recognise
@@ -486,6 +491,27 @@ uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
   commit_failure = failure_anywhere(comm, commit_failure);
   if (!commit_failure.empty()) fail_agreed(commit_failure);
   return bytes;
+}
+
+}  // namespace
+
+uint64_t CheckpointStore::save(MPI_Comm comm, const CheckpointMeta& m,
+                               const std::vector<NamedTensor>& params,
+                               const std::vector<OptimizerState>& optimizer,
+                               const std::vector<NamedTensor>& per_rank,
+                               const std::vector<NamedTensor>& buffers) {
+  return save_file(comm, path_for(m.step), cat("the checkpoints already in '", dir(), "' are kept"),
+                   m, params, optimizer, per_rank, buffers, &direct_chunks_,
+                   [this](const std::string& p) { prune(p); });
+}
+
+uint64_t save_checkpoint_file(MPI_Comm comm, const std::string& path, const CheckpointMeta& m,
+                              const std::vector<NamedTensor>& params,
+                              const std::vector<OptimizerState>& optimizer,
+                              const std::vector<NamedTensor>& buffers) {
+  int64_t direct = 0;
+  return save_file(comm, path, cat("'", path, "' is untouched"), m, params, optimizer, {}, buffers,
+                   &direct, {});
 }
 
 }  // namespace ringtrain::io

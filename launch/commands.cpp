@@ -520,6 +520,9 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
       "  images  --root DIR [--size H,W]           ImageFolder: DIR/<class>/<image>.png|.jpg\n"
       "  cifar   --input FILE... [--cifar100]      CIFAR-10/100 binary batches\n"
       "  text    --input FILE|DIR|GLOB... [--val-fraction F]   byte tokens for language models\n"
+      "  hf      --in DIR --out CKPT.h5            a Hugging Face GPT-2 (config.json + "
+      "safetensors)\n"
+      "                                            as a ringtrain checkpoint\n"
       "`ringtrain convert FORMAT --help` lists a format's options.\n";
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     if (comm.rank() == 0) std::cout << usage;
@@ -527,15 +530,20 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
   }
   std::vector<std::string> rest = args;
   run_and_agree(comm, [&] {
-    RT_REQUIRE(!rest.empty() && (rest[0] == "idx" || rest[0] == "npy" || rest[0] == "images" ||
-                                 rest[0] == "cifar" || rest[0] == "text"),
-               "ringtrain convert: expected a source format: idx, npy, images, cifar or text, e.g. "
-               "`ringtrain convert images --root DIR --out PATH`",
-               rest.empty() ? "" : cat(" (got '", rest[0], "')"));
+    RT_REQUIRE(
+        !rest.empty() && (rest[0] == "idx" || rest[0] == "npy" || rest[0] == "images" ||
+                          rest[0] == "cifar" || rest[0] == "text" || rest[0] == "hf"),
+        "ringtrain convert: expected a source format: idx, npy, images, cifar, text or hf, e.g. "
+        "`ringtrain convert images --root DIR --out PATH`",
+        rest.empty() ? "" : cat(" (got '", rest[0], "')"));
   });
   const std::string format = rest[0];
   rest.erase(rest.begin());
   ConvertConfig cfg;
+  if (format == "hf") {
+    if (!parse_agreed(parse_convert_hf, rest, cfg, comm)) return 0;
+    return convert_hf(cfg, comm);
+  }
   if (format == "text") {
     if (!parse_agreed(parse_convert_text, rest, cfg, comm)) return 0;
     return convert_text_on_rank0(cfg, comm);

@@ -65,6 +65,7 @@ struct ConvertConfig {
   int shards = 1;
   std::string layout = "nchw";      // npy: nchw | nhwc
   std::string root;                 // images: ROOT/<class>/<image>
+  std::string hf_dir;               // hf: a Hugging Face model directory
   std::string size;                 // images: "H,W" (empty: every image has the first's size)
   int64_t height = 0, width = 0;    // parsed from size
   bool grayscale = false;           // images: 1 channel instead of RGB

@@ -181,6 +181,13 @@ int cmd_export(const std::vector<std::string>& args, comm::Communicator& comm) {
     if (comm.rank() == 0) std::cout << help;
     return 0;
   }
+  if (cfg.format == "hf") {  // rank 0 writes; the others wait for the outcome
+    run_and_agree(comm, [&] {
+      if (comm.rank() != 0) return;
+      std::cout << export_hf(cfg.checkpoint, cfg.out) << "\n" << std::flush;
+    });
+    return 0;
+  }
   onnx::ModelProto model;
   run_and_agree(comm, [&] {
     model = export_onnx(cfg.checkpoint);

@@ -152,7 +152,9 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("keep-best", po::value(&c.keep_best), "val_loss | val_accuracy | val_METRIC[:min|max] (a metric of the model's loss block): also keep the best checkpoint by this metric as DIR/best.h5 (needs --val-data)")
       ("best-metric", po::value(&c.best_metric), "val_loss | val_accuracy | val_METRIC[:min|max]: the metric --early-stop (and --keep-best, when it names none) follows; default direction: min for loss, mae and rmse, else max")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
-      ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir");
+      ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
+      ("init-from", po::value(&c.init_from), "start from these weights only (a ringtrain checkpoint, or a Hugging Face GPT-2 directory): step 0, fresh optimizer state, this run's schedule; the model must have the same tensors (the last node may differ in its classes: it is then freshly initialised). A checkpoint to resume in --checkpoint-dir wins")
+      ("freeze", po::value(&c.freeze)->composing(), "PREFIX: never update the tensors whose name starts with PREFIX (no step, no weight decay); repeatable");
   po::options_description dev("device and communication");
   dev.add_options()
       ("device", value_or_default(&c.device), "cpu | cuda")
@@ -318,6 +320,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
              "' is not valid; expected none or blocks");
   if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now
+  RT_REQUIRE(c.resume == "auto" || c.resume == "never" || c.init_from.empty(), "--init-from '",
+             c.init_from, "' and --resume '", c.resume,
+             "' both give the weights; --resume FILE continues a run, --init-from starts a new "
+             "one from weights: give one");
   RT_REQUIRE(!c.overwrite || c.resume == "never",
              "--overwrite only applies with --resume never (it deletes the checkpoints already in "
              "--checkpoint-dir)");

@@ -105,6 +105,24 @@ bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& c, 
   return true;
 }
 
+bool parse_convert_hf(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
+  // clang-format off
+  po::options_description in("input and output");
+  in.add_options()
+      ("in", po::value(&c.hf_dir)->required(), "a Hugging Face model directory: config.json (model_type gpt2) and model.safetensors, or the shards model.safetensors.index.json names")
+      ("out", po::value(&c.out)->required(), "the ringtrain checkpoint to write (ckpt.h5); its directory is created if missing");
+  // clang-format on
+  po::options_description desc("convert hf options");
+  desc.add(general_options()).add(in).add(debug_options());
+  po::variables_map vm;
+  if (!parse("convert hf", desc, args, vm, help)) return false;
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
 bool parse_convert(const std::vector<std::string>& args, ConvertConfig& c, std::string* help) {
   // clang-format off
   po::options_description in("input");

@@ -187,15 +187,16 @@ bool parse_export(const std::vector<std::string>& args, ExportConfig& c, std::st
   // clang-format off
   d.add_options()
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
-      ("format", value_or_default(&c.format), "onnx (the only format)")
-      ("out", po::value(&c.out)->required(), "the model file to write (M.onnx); its directory is created if missing")
+      ("format", value_or_default(&c.format), "onnx, or hf (Hugging Face: config.json + model.safetensors of a GPT-2, for transformers' from_pretrained)")
+      ("out", po::value(&c.out)->required(), "the model file to write (M.onnx), or with --format hf the directory; created if missing")
       ("opset", value_or_default(&c.opset), "ONNX operator set of the graph (17 is the one supported)");
   // clang-format on
   po::options_description desc;
   desc.add(general_options()).add(d).add(debug_options());
   po::variables_map vm;
   if (!parse("export", desc, args, vm, help)) return false;
-  RT_REQUIRE(c.format == "onnx", "--format '", c.format, "' is not known; expected onnx");
+  RT_REQUIRE(c.format == "onnx" || c.format == "hf", "--format '", c.format,
+             "' is not known; expected onnx or hf");
   RT_REQUIRE(c.opset == 17, "--opset ", c.opset,
              " is not supported; ringtrain writes ONNX opset 17 (LayerNormalization needs 17; "
              "the ONNX library built in knows no later one)");

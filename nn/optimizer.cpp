@@ -27,7 +27,7 @@ void Optimizer::set_decay_ranges(std::vector<DecayRange> ranges) {
   for (const auto& r : ranges) {
     RT_CHECK(r.offset == next && r.count >= 0, "decay range at ", r.offset, " after ", next);
     next += r.count;
-    if (!merged.empty() && merged.back().decay == r.decay)
+    if (!merged.empty() && merged.back().decay == r.decay && merged.back().frozen == r.frozen)
       merged.back().count += r.count;
     else if (r.count > 0)
       merged.push_back(r);

@@ -28,6 +28,7 @@ struct OptimizerConfig {
 struct DecayRange {
   int64_t offset = 0, count = 0;
   bool decay = true;
+  bool frozen = false;  // --freeze: never updated (no step, no weight decay, state untouched)
 };
 
 class Optimizer {
@@ -73,10 +74,12 @@ class Optimizer {
   // update() after its checks: one fused kernel call per decay range in [lo, hi).
   virtual void update_ranges(kernels::Backend& be, const Tensor& master, const Tensor& grad,
                              const Tensor* work, int64_t lo, int64_t hi) = 0;
-  // f(offset, count, decay) for each decay range's part of [lo, hi), in order.
+  // f(offset, count, decay) for each decay range's part of [lo, hi), in order; frozen
+  // ranges are skipped.
   template <typename F>
   void for_ranges(int64_t lo, int64_t hi, F f) const {
     for (const auto& r : ranges_) {
+      if (r.frozen) continue;
       const int64_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.count);
       if (a < b) f(a, b - a, r.decay);
     }

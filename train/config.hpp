@@ -65,6 +65,9 @@ struct TrainConfig {
   int64_t early_stop = 0;   // stop after this many evaluations without improvement (0: never)
   std::string resume = "auto";  // auto | never | FILE
   bool overwrite = false;       // --resume never may delete older checkpoints
+  // --init-from CKPT|HF_DIR: a fresh run's weights (step 0, fresh optimizer state); "" none
+  std::string init_from;
+  std::vector<std::string> freeze;  // --freeze PREFIX: tensors never updated
   uint64_t seed = 42;
   std::string device = "cpu";
   std::string gpu_memory = "grow";  // cuda: grow | reserve:FRACTION

@@ -9,8 +9,8 @@ ParallelStrategy::ParallelStrategy(comm::Communicator& comm, kernels::Backend& b
                                    Model& model, DType precision, StepObservers& observers)
     : comm_(comm), backend_(backend), model_(model), precision_(precision), observers_(observers) {}
 
-std::unique_ptr<Optimizer> ParallelStrategy::make_optimizer(const OptimizerConfig& cfg,
-                                                            bool decay_all) {
+std::unique_ptr<Optimizer> ParallelStrategy::make_optimizer(
+    const OptimizerConfig& cfg, bool decay_all, const std::vector<std::string>& frozen) {
   MemoryScope in(MemCategory::optimizer);
   auto opt = ringtrain::make_optimizer(cfg, owned_count());
   // Each parameter's part of the owned range, in the optimizer's index space.
@@ -18,7 +18,9 @@ std::unique_ptr<Optimizer> ParallelStrategy::make_optimizer(const OptimizerConfi
   std::vector<DecayRange> ranges;
   for (const auto& p : model_.params()) {
     const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + shape_numel(p.shape));
-    if (a < b) ranges.push_back({a - lo, b - a, decay_all || p.decay});
+    bool freeze = false;
+    for (const auto& prefix : frozen) freeze = freeze || p.name.starts_with(prefix);
+    if (a < b) ranges.push_back({a - lo, b - a, decay_all || p.decay, freeze});
   }
   opt->set_decay_ranges(std::move(ranges));
   optimizer_ = opt.get();

@@ -69,7 +69,9 @@ class ParallelStrategy {
   virtual void place_parameters() {}
   // The optimizer over the parameters this rank updates (its decay ranges in its index
   // space: `decay_all`, else each parameter's own).
-  std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, bool decay_all);
+  // Parameters whose name starts with one of `frozen` (--freeze) are never updated.
+  std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, bool decay_all,
+                                            const std::vector<std::string>& frozen = {});
   // The fp32 gradient the optimizer reads (fp16/bf16; fp32: the model's gradient itself),
   // unless `optimizer_unscales`: the optimizer then reads the reduced sums and unscales them.
   void allocate_gradients(bool optimizer_unscales);

@@ -85,6 +85,7 @@ class Trainer {
   std::pair<Shape, int64_t> setup_data();
   std::string choose_checkpoint();  // rank 0: the file to resume from, "" for none
   void start_from(const std::string& path);
+  void init_weights_from(const std::string& source);  // --init-from (trainer_init.cpp)
   // The loader of global batch G in micro-batches of G / (ranks x grad_accum) per rank, and
   // the schedule over the run's steps.
   void make_loader(int64_t global_batch, int64_t grad_accum);

@@ -146,6 +146,11 @@ void Trainer::start_from(const std::string& path) {
                                 : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
   if (path.empty()) {  // the strategy makes them every rank's afterwards (start_weights)
     make_loader(requested, cfg_.grad_accum);
+    if (!cfg_.init_from.empty()) {  // every rank reads what it holds
+      model_->init_parameters(cfg_.seed, *backend_);
+      init_weights_from(cfg_.init_from);
+      return;
+    }
     if (strategy_->initializes_parameters()) model_->init_parameters(cfg_.seed, *backend_);
     return;
   }

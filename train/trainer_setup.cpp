@@ -37,7 +37,8 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
   path.resize(size_t(len));
   comm_.broadcast(path.data(), len, DType::u8, 0);
   run_and_agree(comm_, [&] { start_from(path); });
-  strategy_->start_weights(!path.empty());                                     // collective
+  // --init-from: every rank read its part of the weights, as a resume does.
+  strategy_->start_weights(!path.empty() || !cfg_.init_from.empty());          // collective
   plan_ = plan_memory(plan_model_, plan_settings(micro_batch_, grad_accum_));  // (a resume's batch)
   if (path.empty()) sync_buffers();
   add_observers();
@@ -89,7 +90,14 @@ void Trainer::setup() {
   if (cfg_.zero == 3) refuse_plugin_parameters();
   strategy_ = make_strategy(cfg_, comm_, *backend_, *model_, observers_);
   strategy_->place_parameters();
-  optimizer_ = strategy_->make_optimizer(cfg_.optimizer, cfg_.decay_all);
+  for (const auto& prefix : cfg_.freeze) {
+    bool any = false;
+    for (const auto& p : model_->params()) any = any || p.name.starts_with(prefix);
+    RT_REQUIRE(any, "--freeze '", prefix, "' matches no tensor of model '", model_file_->name(),
+               "' (its tensors: ", model_->params().front().name, ", ... ",
+               model_->params().back().name, "; `ringtrain model show` lists them)");
+  }
+  optimizer_ = strategy_->make_optimizer(cfg_.optimizer, cfg_.decay_all, cfg_.freeze);
   LossScalerConfig ls = cfg_.loss_scale;
   if (cfg_.precision == DType::f32 && ls.dynamic) {
     // No scaling in fp32: a constant scale of 1 (non-finite steps are still skipped).

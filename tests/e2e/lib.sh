@@ -87,3 +87,19 @@ contains() {
   input=$(cat)
   grep -q -- "$1" <<<"$input"
 }
+
+# hf_venv: prints the python of a venv (under E2E_DIR, made once) with Hugging Face
+# transformers and safetensors from PyPI on top of Debian's python3-torch, numpy and h5py
+# (--system-site-packages: torch is not downloaded again). transformers 4.44 is the last
+# line that supports torch 1.13, Debian's.
+hf_venv() {
+  local venv=$E2E_DIR/hf-venv
+  if [[ ! -x $venv/bin/python ]] ||
+    ! "$venv/bin/python" -c 'import transformers, safetensors, torch, h5py' 2>/dev/null; then
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
+    "$venv/bin/pip" install -q --progress-bar off "transformers==4.44.2" safetensors >&2 ||
+      fail "pip install transformers safetensors"
+  fi
+  echo "$venv/bin/python"
+}
