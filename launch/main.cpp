@@ -32,7 +32,10 @@ const char* kUsage =
     "  export  --checkpoint FILE --format onnx --out M.onnx\n"
     "                                          the network as an ONNX model\n"
     "  convert idx|npy|images|cifar|text ... --out PATH\n"
-    "                                          data to a ringtrain dataset (text: byte tokens)\n"
+    "                                          data to a ringtrain dataset (text: byte or\n"
+    "                                          SentencePiece tokens)\n"
+    "  tokenizer train --input GLOB --vocab-size N --out tok.model\n"
+    "                                          a SentencePiece tokenizer for convert text\n"
     "  inspect FILE.h5 | --schema              what a dataset or checkpoint holds; the\n"
     "                                          checkpoint format\n"
     "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
     if (command == "predict") return cmd_predict(args, world);
     if (command == "sample") return cmd_sample(args, world);
     if (command == "convert") return cmd_convert(args, world);
+    if (command == "tokenizer") return cmd_tokenizer(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
@@ -97,7 +101,7 @@ int main(int argc, char** argv) {
     run_and_agree(world, [&] {
       throw_input(cat("unknown command '", command,
                       "'; expected train, eval, predict, sample, export, convert, "
-                      "inspect, model, analyze or --version"));
+                      "tokenizer, inspect, model, analyze or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;
