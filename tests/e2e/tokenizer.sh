@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# SentencePiece tokenizers end to end, against PyPI's `sentencepiece` (in a venv beside
-# Debian's h5py): `tokenizer train` (BPE and unigram, 2 ranks) on a slice of the gpt demo's
+# SentencePiece tokenizers end to end, against PyPI's `sentencepiece` of the library's version
+# (in a venv beside Debian's h5py): `tokenizer train` (BPE and unigram, 2 ranks) on a slice of the gpt demo's
 # corpus (the first 40 *.py files of /usr/lib/python3.11 in C-locale order); `convert text
 # --tokenizer` writes exactly the Python package's encoding of each document followed by the
 # eos id, and records the model's bytes, SHA-256, vocabulary and end-of-text id; decoding
@@ -14,11 +14,16 @@ dir=$(workdir tokenizer)
 cd "$dir" || exit 1
 export OMP_NUM_THREADS=1
 
+# The Python package of the library's own version: SentencePiece's releases differ in how
+# the unigram model breaks ties between segmentations of equal score.
+spm_version=$(pkg-config --modversion sentencepiece) || fail "pkg-config finds no sentencepiece"
 venv=$E2E_DIR/spm-venv
-if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import sentencepiece, h5py' 2>/dev/null; then
+if [[ ! -x $venv/bin/python ]] ||
+  ! "$venv/bin/python" -c "import sentencepiece as s, h5py; assert s.__version__ == '$spm_version'" 2>/dev/null; then
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv" || fail "python3 -m venv failed"
-  "$venv/bin/pip" install -q sentencepiece || fail "pip install sentencepiece failed"
+  "$venv/bin/pip" install -q "sentencepiece==$spm_version" ||
+    fail "pip install sentencepiece==$spm_version failed"
 fi
 PY=$venv/bin/python
 
@@ -65,7 +70,7 @@ for d in docs:
 with h5py.File(data, "r") as f:
     got = f["tokens"][...].astype(np.int64)
     offsets = f["doc_offsets"][...]
-    a = f.attrs
+    a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     blob = f["tokenizer_model"][...].tobytes()
     mb = open(model, "rb").read()
     assert a["tokenizer"] == "sentencepiece", a["tokenizer"]
