@@ -139,6 +139,9 @@ check "--val-data 'b/c-val.h5' was encoded with tokenizer bytes" train "${tiny[@
 check "has vocab_size 1000, larger than model 'gpt-tiny''s embedding of 512" train \
   --model gpt-tiny --set layers=1 --set width=32 --set heads=2 --set padded_vocab=512 \
   --data 'd/c-*-of-*.h5' --steps 1 --threads 1
+check "--data 'u/c.h5' was encoded with tokenizer sentencepiece" train "${tiny[@]}" \
+  --data u/c.h5 --steps 50 --batch-size 8 --optimizer adamw --lr 3e-3 --threads 1 --seed 3 \
+  --checkpoint-dir ck
 check "--data 'u/c-val.h5' was encoded with tokenizer sentencepiece" eval --checkpoint "$ckpt" \
   --data u/c-val.h5 --threads 1
 check "--data 'b/c-val.h5' was encoded with tokenizer bytes" eval --checkpoint "$ckpt" \
