@@ -42,7 +42,7 @@ fi
 mapfile -d '' files < <(find "$corpus" -name '*.py' -type f -print0 | LC_ALL=C sort -z)
 printf '%s\n' "${files[@]}" >"$dir/files.txt"
 export OMP_NUM_THREADS=1
-X $(lscpu | sed -n 's/^Model name: *//p')"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) cores; $(lscpu | sed -n 's/^Model name: *//p')"
 printf '%-8s %-14s %12s %10s %8s %10s %8s %12s %8s\n' model encoder bytes tokens seconds tokens/s MB/s MB/s/thread ratio
 for type in bpe unigram; do
   [[ -f $dir/$type.model ]] ||

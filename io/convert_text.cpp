@@ -178,13 +178,19 @@ TextConvertResult convert_text(const std::vector<std::string>& inputs, const std
     RT_REQUIRE(eot >= 0 && eot < vocab,
                "--tokenizer: the SentencePiece model has no end-of-text "
                "(eos) piece; train one with `ringtrain tokenizer train` (eos is id 2)");
-    // Documents shared out to the threads by an atomic counter (large ones take longer).
+    // Documents shared out to the threads by an atomic counter, longest first, so that no
+    // long document starts last while the other threads idle.
     std::vector<std::vector<uint32_t>> ids(texts.size());
+    std::vector<size_t> order(texts.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return texts[a].size() > texts[b].size(); });
     std::atomic<size_t> next{0};
     std::vector<std::string> errors(size_t(std::max(1, threads)));
     auto work = [&](size_t w) {
       try {
-        for (size_t i; (i = next++) < texts.size();) tokenizer->encode(texts[i], ids[i]);
+        for (size_t k; (k = next++) < texts.size();)
+          tokenizer->encode(texts[order[k]], ids[order[k]]);
       } catch (const std::exception& e) {
         errors[w] = e.what();
         next = texts.size();
