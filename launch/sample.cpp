@@ -1,12 +1,12 @@
 // `ringtrain sample` (see sample.hpp). The prompt is encoded with the tokenizer of the
 // checkpoint's training data: bytes (a byte is a token, so any bytes are valid input) or the
 // SentencePiece model the checkpoint records by checksum, and the samples are decoded with
-// it. Each new
-// token runs the model over the last T tokens, T being the window the model trained on
-// (its input shape); there is no key/value cache, so a sample of N tokens costs N forward
-// passes of at most T tokens -- milliseconds per token for the models a CPU trains. Sample
-// i draws from the stream mix_seed(seed, i), so the text does not depend on the number of
-// ranks; rank r computes the samples i with i mod W == r and rank 0 prints all of them.
+// it. Each new token runs the model over the last T tokens, T being the window the model
+// trained on (its input shape); there is no key/value cache, so a sample of N tokens costs N
+// forward passes of at most T tokens -- milliseconds per token for the models a CPU trains.
+// Sample i draws from the stream mix_seed(seed, i), so the text does not depend on the
+// number of ranks; rank r computes the samples i with i mod W == r and rank 0 prints all of
+// them.
 #include "launch/sample.hpp"
 
 #include <algorithm>
