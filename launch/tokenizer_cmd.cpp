@@ -2,6 +2,7 @@
 // text by rank 0; the other ranks check the options with it and wait (see commands.hpp).
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -51,6 +52,12 @@ int cmd_tokenizer(const std::vector<std::string>& args, comm::Communicator& comm
                " file(s) of ", bytes, " bytes in all; more than --max-input-mb ", cfg.max_input_mb,
                " MiB");
     if (comm.rank() != 0) return;
+    const std::filesystem::path parent = std::filesystem::path(cfg.out).parent_path();
+    std::error_code mk;  // like `mkdir -p`, as convert does
+    if (!parent.empty()) std::filesystem::create_directories(parent, mk);
+    RT_REQUIRE(parent.empty() || std::filesystem::is_directory(parent), "--out '", cfg.out,
+               "': directory '", parent.string(), "' cannot be created",
+               mk ? cat(" (", mk.message(), ")") : "");
     spec.vocab_size = cfg.vocab_size;
     spec.model_type = cfg.model_type;
     spec.threads =
