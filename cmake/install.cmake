@@ -33,6 +33,8 @@ set_target_properties(rt_plugin_api PROPERTIES EXPORT_NAME plugin)
 install(TARGETS ringtrain EXPORT ringtrainTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # The launcher wrapper beside the binary, where slurm/train.sbatch looks for it first.
 install(PROGRAMS launch/ringrun DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The SentencePiece module, where io/tokenizer.cpp looks from an installed binary.
+install(TARGETS rt_sentencepiece LIBRARY DESTINATION lib/ringtrain)
 install(TARGETS rt_flags rt_base rt_kernels rt_model_proto rt_nn rt_nn_all rt_plugin_api
         EXPORT ringtrainTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 

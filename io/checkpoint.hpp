@@ -44,6 +44,10 @@ struct CheckpointMeta {
   double best_value = 0;
   int64_t best_step = -1, evals_since_best = 0;
   std::string best_metric;  // only DIR/best.h5 has it (val_loss or val_accuracy)
+  // Language models: the training data's tokenizer ("bytes", "sentencepiece"), the SHA-256 of
+  // its model file and the absolute path of a training shard that holds the model's bytes
+  // (empty for bytes and for image models).
+  std::string tokenizer, tokenizer_sha256, tokenizer_data;
 };
 
 struct NamedTensor {

@@ -87,6 +87,14 @@ const std::vector<CheckpointAttr>& checkpoint_attrs() {
        "options"},
       {"", "best_metric", T::string, false, false, 1, R::one_of, "val_loss|val_accuracy", "",
        &M::best_metric, "only in `DIR/best.h5`: the metric that chose it"},
+      {"", "tokenizer", T::string, false, false, 1, R::any, "", "", &M::tokenizer,
+       "language models: the tokenizer of the training data (`bytes`, `sentencepiece`); a "
+       "resumed run, `eval` and `sample` refuse data or a `--tokenizer` of another"},
+      {"", "tokenizer_sha256", T::string, false, false, 1, R::any, "", "", &M::tokenizer_sha256,
+       "`sentencepiece`: the SHA-256 of the model file (as the dataset's `tokenizer_sha256`)"},
+      {"", "tokenizer_data", T::string, false, false, 1, R::any, "", "", &M::tokenizer_data,
+       "`sentencepiece`: the absolute path of a training shard holding the model "
+       "(`/tokenizer_model`), where `sample` reads it without `--tokenizer`"},
       {"optimizer", "name", T::string, true, true, 1, R::one_of, "sgd|adamw", "", &M::optimizer,
        "the optimizer; a resume must ask for the same `--optimizer`"},
       // One optimizer step per training step whatever --grad-accum is (the micro-batches of

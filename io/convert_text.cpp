@@ -6,15 +6,19 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "io/convert_output.hpp"
 #include "io/output_file.hpp"
+#include "io/tokenizer.hpp"
 #include "io/tokens.hpp"
 
 namespace fs = std::filesystem;
@@ -135,7 +139,8 @@ std::vector<int64_t> docs_within(const std::vector<int64_t>& starts, int64_t lo,
 }  // namespace
 
 TextConvertResult convert_text(const std::vector<std::string>& inputs, const std::string& out,
-                               int shards, double val_fraction, uint64_t max_input_bytes) {
+                               int shards, double val_fraction, uint64_t max_input_bytes,
+                               const SentencePieceTokenizer* tokenizer, int threads) {
   RT_REQUIRE(val_fraction >= 0 && val_fraction < 1, "--val-fraction ", val_fraction,
              " is not valid; expected a fraction in [0, 1), e.g. 0.1");
   const std::vector<std::string> files = expand_text_inputs(inputs);
@@ -147,26 +152,77 @@ TextConvertResult convert_text(const std::vector<std::string>& inputs, const std
              " bytes in all; at most ", max_input_bytes,
              " bytes are converted at once (about 9 bytes of memory per input byte); raise "
              "--max-input-mb, or convert the corpus in parts");
-  // The byte tokenizer: token = byte value. Empty files add no document.
-  std::vector<uint32_t> all;
-  std::vector<int64_t> docs;
-  all.reserve(size_t(bytes_in));
+  // Empty files add no document.
+  std::vector<std::string> texts;
+  texts.reserve(files.size());
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     RT_REQUIRE(in, "--input '", f, "' cannot be read");
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     RT_REQUIRE(!in.bad(), "--input '", f, "': read error");
-    if (bytes.empty()) continue;
-    docs.push_back(int64_t(all.size()));
-    for (char c : bytes) all.push_back(uint32_t(static_cast<unsigned char>(c)));
+    if (!bytes.empty()) texts.push_back(std::move(bytes));
   }
+  std::vector<uint32_t> all;
+  std::vector<int64_t> docs;
+  int64_t vocab = kByteVocab;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!tokenizer) {  // the byte tokenizer: token = byte value
+    all.reserve(size_t(bytes_in));
+    for (const auto& text : texts) {
+      docs.push_back(int64_t(all.size()));
+      for (char c : text) all.push_back(uint32_t(static_cast<unsigned char>(c)));
+    }
+  } else {
+    vocab = tokenizer->vocab_size();
+    const int64_t eot = tokenizer->eos_id();
+    RT_REQUIRE(eot >= 0 && eot < vocab,
+               "--tokenizer: the SentencePiece model has no end-of-text "
+               "(eos) piece; train one with `ringtrain tokenizer train` (eos is id 2)");
+    // Documents shared out to the threads by an atomic counter, longest first, so that no
+    // long document starts last while the other threads idle.
+    std::vector<std::vector<uint32_t>> ids(texts.size());
+    std::vector<size_t> order(texts.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return texts[a].size() > texts[b].size(); });
+    std::atomic<size_t> next{0};
+    std::vector<std::string> errors(size_t(std::max(1, threads)));
+    auto work = [&](size_t w) {
+      try {
+        for (size_t k; (k = next++) < texts.size();)
+          tokenizer->encode(texts[order[k]], ids[order[k]]);
+      } catch (const std::exception& e) {
+        errors[w] = e.what();
+        next = texts.size();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t w = 1; w < errors.size(); ++w) pool.emplace_back(work, w);
+    work(0);
+    for (auto& t : pool) t.join();
+    for (const auto& e : errors) RT_CHECK(e.empty(), e);
+    size_t n = 0;
+    for (const auto& v : ids) n += v.size() + 1;
+    all.reserve(n);
+    for (auto& v : ids) {
+      docs.push_back(int64_t(all.size()));
+      all.insert(all.end(), v.begin(), v.end());
+      all.push_back(uint32_t(eot));
+      std::vector<uint32_t>().swap(v);
+    }
+  }
+  TextConvertResult r;
+  r.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& text : texts) r.input_bytes += int64_t(text.size());
+  std::vector<std::string>().swap(texts);
+  r.vocab_size = vocab;
+  r.tokenizer = tokenizer ? kSentencePieceKind : "bytes";
   std::string named;
   for (const auto& s : inputs) named += (named.empty() ? "'" : ", '") + s + "'";
   const int64_t total = int64_t(all.size());
   RT_REQUIRE(total > 0, "--input ", named, ": the corpus is empty (", files.size(),
              " file(s), 0 bytes); expected text to tokenise");
 
-  TextConvertResult r;
   r.files = int64_t(files.size());
   r.documents = int64_t(docs.size());
   const auto held = validation_ranges(docs, total, val_fraction);
@@ -195,6 +251,9 @@ TextConvertResult convert_text(const std::vector<std::string>& inputs, const std
   RT_REQUIRE(parent.empty() || fs::is_directory(parent), "--out '", out, "': directory '",
              parent.string(), "' cannot be created", mk ? cat(" (", mk.message(), ")") : "");
   r.train_files = shard_names(out, shards);
+  TokenizerRecord record;
+  if (tokenizer) record = {tokenizer->model_bytes(), tokenizer->sha256(), tokenizer->eos_id()};
+  const TokenizerRecord* rec = tokenizer ? &record : nullptr;
   if (!val.empty()) r.val_file = validation_name(out);
   std::vector<std::string> all_files = r.train_files;
   if (!r.val_file.empty()) all_files.push_back(r.val_file);
@@ -205,12 +264,12 @@ TextConvertResult convert_text(const std::vector<std::string>& inputs, const std
       const int64_t lo = r.train_tokens * s / shards, hi = r.train_tokens * (s + 1) / shards;
       *current = r.train_files[size_t(s)];
       write_token_file(r.train_files[size_t(s)] + ".tmp", train.data() + lo, hi - lo,
-                       docs_within(train_docs, lo, hi), kByteVocab, "bytes", "train");
+                       docs_within(train_docs, lo, hi), vocab, r.tokenizer, "train", rec);
     }
     if (!val.empty()) {
       *current = r.val_file;
-      write_token_file(r.val_file + ".tmp", val.data(), r.val_tokens, val_docs, kByteVocab, "bytes",
-                       "val");
+      write_token_file(r.val_file + ".tmp", val.data(), r.val_tokens, val_docs, vocab, r.tokenizer,
+                       "val", rec);
     }
   });
   return r;

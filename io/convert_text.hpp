@@ -10,6 +10,8 @@
 
 namespace ringtrain::io {
 
+class SentencePieceTokenizer;
+
 // The files --input values name, in order: a file as given, a directory's regular files
 // (recursively, in name order), or a glob (matches in name order; `**` matches any number
 // of directories). Input error naming the value when one names nothing.
@@ -32,6 +34,10 @@ struct TextConvertResult {
   std::vector<std::string> train_files;
   std::string val_file;  // empty without a validation split
   int64_t files = 0, documents = 0, train_tokens = 0, val_tokens = 0, val_documents = 0;
+  int64_t input_bytes = 0;    // of the non-empty documents
+  double encode_seconds = 0;  // tokenising alone (no reading or writing)
+  int64_t vocab_size = 0;
+  std::string tokenizer;  // "bytes" or "sentencepiece"
 };
 
 // Tokenises the files `inputs` names and writes the training split as `shards` files (shard
@@ -41,8 +47,13 @@ struct TextConvertResult {
 // either side empty or more shards than tokens are input errors naming the input and the
 // numbers; so are an input that is not a regular file (a FIFO, /dev/zero) and inputs of more
 // than `max_input_bytes` in all, refused before any is read.
+// With `tokenizer` (a SentencePiece model) each document is encoded by it, on `threads`
+// threads (documents shared out), and followed by the model's end-of-text id (eos): the
+// stream is doc0 EOT doc1 EOT ...; the files record the model (docs/formats.md). Without it,
+// a token is a byte and no separator is added.
 TextConvertResult convert_text(const std::vector<std::string>& inputs, const std::string& out,
                                int shards, double val_fraction,
-                               uint64_t max_input_bytes = kDefaultMaxTextInputBytes);
+                               uint64_t max_input_bytes = kDefaultMaxTextInputBytes,
+                               const SentencePieceTokenizer* tokenizer = nullptr, int threads = 1);
 
 }  // namespace ringtrain::io

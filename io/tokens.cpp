@@ -6,6 +6,7 @@
 
 #include "io/dataset.hpp"
 #include "io/shard.hpp"
+#include "io/tokenizer.hpp"
 
 namespace ringtrain::io {
 
@@ -53,6 +54,12 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
   info_.vocab_size = *vocab;
   info_.tokenizer = read_attr_string(file_, "tokenizer").value_or("");
   RT_REQUIRE(!info_.tokenizer.empty(), what, " needs a string attribute tokenizer (e.g. 'bytes')");
+  if (info_.tokenizer == kSentencePieceKind) {
+    info_.tokenizer_sha256 = read_attr_string(file_, "tokenizer_sha256").value_or("");
+    RT_REQUIRE(info_.tokenizer_sha256.size() == 64, what, " records tokenizer '", info_.tokenizer,
+               "' without a string attribute tokenizer_sha256 of 64 hex digits");
+    info_.eot_id = read_attr_int(file_, "eot_id").value_or(-1);
+  }
   info_.split = read_attr_string(file_, "split").value_or("");
   RT_REQUIRE(has_link(file_, "tokens"), what, " must hold a dataset /tokens");
   // No chunk cache: with uncompressed chunks HDF5 then reads just a window's bytes instead
@@ -123,13 +130,34 @@ std::vector<int64_t> TokenShard::doc_offsets() {
   return v;
 }
 
+std::string TokenShard::tokenizer_model() {
+  if (info_.tokenizer_sha256.empty()) return {};
+  H5Lock lock;
+  const std::string what = cat("token dataset '", path_, "'");
+  RT_REQUIRE(has_link(file_, "tokenizer_model"), what, " records tokenizer '", info_.tokenizer,
+             "' but holds no /tokenizer_model (the model file's bytes)");
+  H5Id ds = open_dataset(file_, "tokenizer_model");
+  const Shape shape = dataset_shape(ds);
+  RT_REQUIRE(shape.size() == 1 && shape[0] >= 1 && shape[0] <= (int64_t(1) << 30), what,
+             ": /tokenizer_model has shape ", shape_str(shape), "; expected [bytes]");
+  std::string bytes(size_t(shape[0]), '\0');
+  RT_REQUIRE(H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) >= 0, what,
+             ": /tokenizer_model cannot be read (", h5_error_stack(), ")");
+  const std::string sum = sha256_hex(bytes);
+  RT_REQUIRE(sum == info_.tokenizer_sha256, what, ": /tokenizer_model has SHA-256 ", sum,
+             " but the attribute tokenizer_sha256 says ", info_.tokenizer_sha256,
+             "; the file is damaged");
+  return bytes;
+}
+
 TokenDataset::TokenDataset(const std::string& spec) {
   info_.path = spec;
   for (const auto& f : resolve_dataset_files(spec)) {
     shards_.push_back(std::make_unique<TokenShard>(f));
     const TokenShardInfo& s = shards_.back()->info();
     const TokenShardInfo& first = shards_.front()->info();
-    RT_REQUIRE(s.vocab_size == first.vocab_size && s.tokenizer == first.tokenizer,
+    RT_REQUIRE(s.vocab_size == first.vocab_size && s.tokenizer == first.tokenizer &&
+                   s.tokenizer_sha256 == first.tokenizer_sha256,
                "token dataset shard '", f, "' has vocab_size ", s.vocab_size, " (tokenizer '",
                s.tokenizer, "'), but '", shards_.front()->path(), "' has ", first.vocab_size, " ('",
                first.tokenizer, "'); all shards of a dataset must share one vocabulary");
@@ -142,6 +170,7 @@ TokenDataset::TokenDataset(const std::string& spec) {
   info_.num_shards = int64_t(shards_.size());
   info_.vocab_size = shards_.front()->info().vocab_size;
   info_.tokenizer = shards_.front()->info().tokenizer;
+  info_.tokenizer_sha256 = shards_.front()->info().tokenizer_sha256;
 }
 
 void TokenDataset::set_seq_len(int64_t seq_len) {
@@ -197,9 +226,27 @@ void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int
              "'); use --seq-len ", model_context, " or less");
 }
 
+std::string TokenizerId::describe() const {
+  const std::string vocab = vocab_size > 0 ? cat("vocabulary ", vocab_size) : "";
+  if (sha256.empty()) return vocab.empty() ? kind : cat(kind, " (", vocab, ")");
+  return cat(kind, " (sha256 ", sha256.substr(0, 12), "...", vocab.empty() ? "" : ", ", vocab, ")");
+}
+
+TokenizerId tokenizer_id_of(const TokenDatasetInfo& info) {
+  return {info.tokenizer, info.tokenizer_sha256, info.vocab_size};
+}
+
+void require_same_tokenizer(const TokenizerId& a, const std::string& a_what, const TokenizerId& b,
+                            const std::string& b_what) {
+  RT_REQUIRE(a == b, b_what, " was encoded with tokenizer ", b.describe(), ", but ", a_what,
+             " with ", a.describe(),
+             "; convert both with the same --tokenizer model (`ringtrain convert text`)");
+}
+
 void write_token_file(const std::string& path, const uint32_t* tokens, int64_t n,
                       const std::vector<int64_t>& docs, int64_t vocab_size,
-                      const std::string& tokenizer, const std::string& split) {
+                      const std::string& tokenizer, const std::string& split,
+                      const TokenizerRecord* record) {
   RT_CHECK(n >= 1 && !docs.empty() && docs.front() == 0 && docs.back() < n, "token file of ", n,
            " tokens and ", docs.size(), " documents");
   H5Lock lock;
@@ -209,6 +256,13 @@ void write_token_file(const std::string& path, const uint32_t* tokens, int64_t n
   write_attr(file, "vocab_size", vocab_size);
   write_attr(file, "tokenizer", tokenizer);
   write_attr(file, "split", split);
+  if (record) {
+    write_attr(file, "tokenizer_sha256", record->sha256);
+    write_attr(file, "eot_id", record->eot_id);
+    const std::string& b = record->model_bytes;
+    write_dataset(file, "tokenizer_model",
+                  Tensor(const_cast<char*>(b.data()), {int64_t(b.size())}, DType::u8));
+  }
   const hid_t type = vocab_size <= 256     ? H5T_NATIVE_UINT8
                      : vocab_size <= 65536 ? H5T_NATIVE_UINT16
                                            : H5T_NATIVE_UINT32;

@@ -30,10 +30,12 @@ DataKind data_kind_of(const std::string& spec);
 struct TokenShardInfo {
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;
-  std::string tokenizer;  // "bytes"
-  std::string split;      // "train" or "val" (informational)
-  int64_t num_docs = 0;   // documents (or pieces of documents) in this shard
-  int token_bytes = 1;    // stored width of /tokens: 1, 2 or 4
+  std::string tokenizer;         // "bytes" or "sentencepiece"
+  std::string tokenizer_sha256;  // sentencepiece: of the model file's bytes (/tokenizer_model)
+  int64_t eot_id = -1;           // sentencepiece: the id that ends each document
+  std::string split;             // "train" or "val" (informational)
+  int64_t num_docs = 0;          // documents (or pieces of documents) in this shard
+  int token_bytes = 1;           // stored width of /tokens: 1, 2 or 4
 };
 
 // One validated token file.
@@ -47,6 +49,9 @@ class TokenShard {
   void read(int64_t lo, int64_t n, uint32_t* dst);
   // The document start offsets (/doc_offsets: num_docs + 1 values, the last = num_tokens).
   std::vector<int64_t> doc_offsets();
+  // The tokenizer model's bytes (/tokenizer_model), checked against tokenizer_sha256; empty
+  // for the byte tokenizer.
+  std::string tokenizer_model();
 
  private:
   std::string path_;
@@ -60,7 +65,8 @@ struct TokenDatasetInfo {
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;
   std::string tokenizer;
-  int64_t shortest_shard = 0;  // tokens in the shortest shard
+  std::string tokenizer_sha256;  // empty for bytes
+  int64_t shortest_shard = 0;    // tokens in the shortest shard
   std::string shortest_file;
 };
 
@@ -102,12 +108,34 @@ void require_data_kind(const std::string& path, DataKind have, DataKind want,
 void require_tokens_fit_model(const TokenDatasetInfo& info, int64_t seq_len, int64_t model_vocab,
                               int64_t model_context, const std::string& model);
 
+// A tokenizer's identity as datasets and checkpoints record it: the kind ("bytes",
+// "sentencepiece"), the SHA-256 of the model file (empty for bytes) and the vocabulary.
+struct TokenizerId {
+  std::string kind, sha256;
+  int64_t vocab_size = 0;
+  bool operator==(const TokenizerId& o) const { return kind == o.kind && sha256 == o.sha256; }
+  std::string describe() const;  // "sentencepiece (sha256 0123abcd..., vocabulary 512)"
+};
+TokenizerId tokenizer_id_of(const TokenDatasetInfo& info);
+// Input error unless `b` (described as `b_what`) was encoded with the tokenizer `a` of
+// `a_what`, naming both and the two tokenizers.
+void require_same_tokenizer(const TokenizerId& a, const std::string& a_what, const TokenizerId& b,
+                            const std::string& b_what);
+
+// The tokenizer a token file records beyond its kind: the model bytes (stored as
+// /tokenizer_model, uint8), their SHA-256 and the end-of-text id.
+struct TokenizerRecord {
+  std::string model_bytes, sha256;
+  int64_t eot_id = -1;
+};
+
 // Writes one token file (format v1) at `path` from the stream tokens[0..n) (n >= 1) with the
 // given document start offsets (docs.front() == 0, increasing, each < n). /tokens is stored
 // as the narrowest of uint8/uint16/uint32 that holds vocab_size, chunked (about 1 MiB),
 // without filters, so that a window is read straight from the file.
 void write_token_file(const std::string& path, const uint32_t* tokens, int64_t n,
                       const std::vector<int64_t>& docs, int64_t vocab_size,
-                      const std::string& tokenizer, const std::string& split);
+                      const std::string& tokenizer, const std::string& split,
+                      const TokenizerRecord* record = nullptr);
 
 }  // namespace ringtrain::io

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "comm/flight_recorder.hpp"
 #include "comm/recording_communicator.hpp"
@@ -16,6 +17,7 @@
 #include "io/convert_text.hpp"
 #include "io/idx.hpp"
 #include "io/token_baselines.hpp"
+#include "io/tokenizer.hpp"
 #include "launch/doctor.hpp"
 #include "launch/options.hpp"
 #include "launch/predict.hpp"
@@ -212,6 +214,10 @@ int eval_tokens(const EvalConfig& cfg, LoadedModel& loaded, kernels::Backend& ba
   int64_t t = 0;
   run_and_agree(comm, [&] {
     data = std::make_unique<io::TokenDataset>(cfg.data);
+    if (!loaded.meta.tokenizer.empty())  // checkpoints before tokenizers were recorded: none
+      io::require_same_tokenizer({loaded.meta.tokenizer, loaded.meta.tokenizer_sha256, 0},
+                                 cat("the training data of checkpoint '", cfg.checkpoint, "'"),
+                                 io::tokenizer_id_of(data->info()), cat("--data '", cfg.data, "'"));
     t = cfg.seq_len ? cfg.seq_len : loaded.model->input_shape().at(0);
     io::require_tokens_fit_model(data->info(), t, lm.vocab, lm.context ? lm.context : t,
                                  model_name);
@@ -482,22 +488,31 @@ int convert_in_parallel(const std::string& format, const ConvertConfig& cfg,
   return 0;
 }
 
-// convert text: one writer (the corpus is read once; tokenising is a copy); the other ranks
-// (if any) only wait for the outcome.
+// convert text: one writer (the corpus is read once; tokenising is a copy, or SentencePiece on
+// rank 0's threads); the other ranks check the tokenizer model too and wait for the outcome.
 int convert_text_on_rank0(const ConvertConfig& cfg, comm::Communicator& comm) {
   const auto t0 = std::chrono::steady_clock::now();
   run_and_agree(comm, [&] {
+    std::optional<io::SentencePieceTokenizer> tok;
+    if (!cfg.tokenizer.empty())
+      tok = io::SentencePieceTokenizer::from_file(cfg.tokenizer, "--tokenizer");
     if (comm.rank() != 0) return;
-    const io::TextConvertResult r = io::convert_text(
-        cfg.inputs, cfg.out, cfg.shards, cfg.val_fraction, uint64_t(cfg.max_input_mb) << 20);
+    const int threads =
+        cfg.threads > 0 ? cfg.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    const io::TextConvertResult r =
+        io::convert_text(cfg.inputs, cfg.out, cfg.shards, cfg.val_fraction,
+                         uint64_t(cfg.max_input_mb) << 20, tok ? &*tok : nullptr, threads);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string where = r.train_files.size() == 1
                                   ? r.train_files[0]
                                   : cat(r.train_files.front(), " ... ", r.train_files.back(), " (",
                                         r.train_files.size(), " shards)");
-    std::printf("wrote %s: %lld tokens (bytes, vocabulary 256) of %lld documents from %lld files\n",
-                where.c_str(), static_cast<long long>(r.train_tokens),
+    const std::string kind =
+        tok ? cat("SentencePiece, vocabulary ", r.vocab_size, ", end of text ", tok->eos_id())
+            : std::string("bytes, vocabulary 256");
+    std::printf("wrote %s: %lld tokens (%s) of %lld documents from %lld files\n", where.c_str(),
+                static_cast<long long>(r.train_tokens), kind.c_str(),
                 static_cast<long long>(r.documents - r.val_documents),
                 static_cast<long long>(r.files));
     if (!r.val_file.empty())
@@ -505,6 +520,16 @@ int convert_text_on_rank0(const ConvertConfig& cfg, comm::Communicator& comm) {
                   r.val_file.c_str(), static_cast<long long>(r.val_tokens),
                   static_cast<long long>(r.val_documents),
                   100.0 * double(r.val_tokens) / double(r.val_tokens + r.train_tokens));
+    if (tok) {
+      const double e = std::max(r.encode_seconds, 1e-9);
+      std::printf(
+          "encoded %lld bytes into %lld tokens in %.3f s on %d thread(s): %.0f tokens/s, "
+          "%.2f MB/s (%.2f MB/s per thread)\n",
+          static_cast<long long>(r.input_bytes),
+          static_cast<long long>(r.train_tokens + r.val_tokens), r.encode_seconds, threads,
+          double(r.train_tokens + r.val_tokens) / e, double(r.input_bytes) / e / 1e6,
+          double(r.input_bytes) / e / 1e6 / threads);
+    }
     std::printf("%.2f s\n", secs);
   });
   return 0;
@@ -519,7 +544,9 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
       "  npy     --images X.npy|X.npz[:KEY] [--labels Y.npy|Y.npz[:KEY]] [--layout nchw|nhwc]\n"
       "  images  --root DIR [--size H,W]           ImageFolder: DIR/<class>/<image>.png|.jpg\n"
       "  cifar   --input FILE... [--cifar100]      CIFAR-10/100 binary batches\n"
-      "  text    --input FILE|DIR|GLOB... [--val-fraction F]   byte tokens for language models\n"
+      "  text    --input FILE|DIR|GLOB... [--val-fraction F] [--tokenizer tok.model]\n"
+      "                                            byte or SentencePiece tokens for language "
+      "models\n"
       "  hf      --in DIR --out CKPT.h5            a Hugging Face GPT-2 (config.json + "
       "safetensors)\n"
       "                                            as a ringtrain checkpoint\n"

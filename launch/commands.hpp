@@ -14,6 +14,8 @@ int cmd_eval(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_predict(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_sample(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm);
+int cmd_tokenizer(const std::vector<std::string>& args,
+                  comm::Communicator& comm);  // tokenizer_cmd.cpp
 int cmd_inspect(const std::vector<std::string>& args, comm::Communicator& comm);
 int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm);   // model_show.cpp
 int cmd_export(const std::vector<std::string>& args, comm::Communicator& comm);  // onnx_export.cpp

@@ -37,6 +37,7 @@ struct SampleConfig {
   int64_t top_k = 0;         // 0: the whole vocabulary
   int64_t seed = 0;
   int64_t num_samples = 1;  // sample i draws from stream (seed, i); ranks share them out
+  std::string tokenizer;    // a SentencePiece model file (empty: the one the checkpoint records)
   DType precision = DType::f32;
   int threads = 0;
   std::string device = "cpu";
@@ -73,6 +74,17 @@ struct ConvertConfig {
   bool cifar100 = false;
   double val_fraction = 0.1;  // text: held out as OUT-val.h5 (0: none)
   int64_t max_input_mb = int64_t(io::kDefaultMaxTextInputBytes >> 20);  // text: corpus bound
+  std::string tokenizer;  // text: a SentencePiece model file (empty: bytes)
+  int threads = 0;        // text --tokenizer: encoding threads on rank 0 (0: every core)
+};
+
+struct TokenizerTrainConfig {
+  std::vector<std::string> inputs;  // files, directories, globs (as convert text)
+  int64_t vocab_size = 0;
+  std::string model_type = "bpe";  // bpe | unigram
+  std::string out;
+  int threads = 0;  // 0: every core
+  int64_t max_input_mb = int64_t(io::kDefaultMaxTextInputBytes >> 20);
 };
 
 struct PredictConfig {

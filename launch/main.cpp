@@ -34,8 +34,11 @@ const char* kUsage =
     "                                          the network as an ONNX model, or a GPT-2 as a\n"
     "                                          Hugging Face directory\n"
     "  convert idx|npy|images|cifar|text|hf ... --out PATH\n"
-    "                                          data to a ringtrain dataset (text: byte tokens;\n"
-    "                                          hf: Hugging Face GPT-2 weights to a checkpoint)\n"
+    "                                          data to a ringtrain dataset (text: byte or\n"
+    "                                          SentencePiece tokens; hf: Hugging Face GPT-2\n"
+    "                                          weights to a checkpoint)\n"
+    "  tokenizer train --input GLOB --vocab-size N --out tok.model\n"
+    "                                          a SentencePiece tokenizer for convert text\n"
     "  inspect FILE.h5 | --schema              what a dataset or checkpoint holds; the\n"
     "                                          checkpoint format\n"
     "  model show FILE|NAME                    a model's layer table: shapes, parameters, FLOPs\n"
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
     if (command == "predict") return cmd_predict(args, world);
     if (command == "sample") return cmd_sample(args, world);
     if (command == "convert") return cmd_convert(args, world);
+    if (command == "tokenizer") return cmd_tokenizer(args, world);
     if (command == "inspect") return cmd_inspect(args, world);
     if (command == "model") return cmd_model(args, world);
     if (command == "export") return cmd_export(args, world);
@@ -104,7 +108,7 @@ int main(int argc, char** argv) {
     run_and_agree(world, [&] {
       throw_input(cat("unknown command '", command,
                       "'; expected train, eval, predict, sample, export, convert, "
-                      "inspect, model, analyze, doctor or --version"));
+                      "tokenizer, inspect, model, analyze, doctor or --version"));
     });
   } catch (const JobExit& e) {
     return e.code;

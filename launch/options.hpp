@@ -24,6 +24,8 @@ bool parse_convert_cifar(const std::vector<std::string>& args, ConvertConfig& cf
 bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& cfg,
                         std::string* help);
 bool parse_convert_hf(const std::vector<std::string>& args, ConvertConfig& cfg, std::string* help);
+bool parse_tokenizer_train(const std::vector<std::string>& args, TokenizerTrainConfig& cfg,
+                           std::string* help);
 bool parse_predict(const std::vector<std::string>& args, PredictConfig& cfg, std::string* help);
 bool parse_sample(const std::vector<std::string>& args, SampleConfig& cfg, std::string* help);
 bool parse_export(const std::vector<std::string>& args, ExportConfig& cfg, std::string* help);

@@ -95,9 +95,13 @@ bool parse_convert_text(const std::vector<std::string>& args, ConvertConfig& c, 
   in.add_options()
       ("input", po::value(&c.inputs)->required()->multitoken(), "text files, directories (all files below) or globs (** matches any directories), one document per file, in the order given")
       ("val-fraction", value_or_default(&c.val_fraction), "held out as OUT-val.h5: every (1/F)-th document (or the last F of a corpus of fewer than 1/F documents); 0: none")
-      ("max-input-mb", value_or_default(&c.max_input_mb), "refuse inputs of more than M MiB in all, before reading any (converting takes about 9 bytes of memory per input byte)");
+      ("max-input-mb", value_or_default(&c.max_input_mb), "refuse inputs of more than M MiB in all, before reading any (converting takes about 9 bytes of memory per input byte)")
+      ("tokenizer", po::value(&c.tokenizer), "a SentencePiece model file (`ringtrain tokenizer train`): its tokens instead of bytes, with its end-of-text id (eos) after each document")
+      ("threads", value_or_default(&c.threads), "--tokenizer: encoding threads on rank 0 (0: every core)");
   // clang-format on
   if (!parse_convert_format("convert text", in, args, c, help)) return false;
+  RT_REQUIRE(c.threads >= 0 && c.threads <= 4096, "--threads ", c.threads,
+             " is not valid; expected 0 (every core) to 4096");
   RT_REQUIRE(c.max_input_mb >= 1 && c.max_input_mb <= (int64_t(1) << 40), "--max-input-mb ",
              c.max_input_mb, " is not valid; expected 1 to 1099511627776 (MiB)");
   RT_REQUIRE(c.val_fraction >= 0 && c.val_fraction < 1, "--val-fraction ", c.val_fraction,
@@ -139,6 +143,42 @@ bool parse_convert(const std::vector<std::string>& args, ConvertConfig& c, std::
   po::variables_map vm;
   if (!parse("convert idx", desc, args, vm, help)) return false;
   RT_REQUIRE(c.shards >= 1, "--shards ", c.shards, " is not valid: must be >= 1");
+  if (vm.count("print-config")) {
+    *help = config_text(desc, vm);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ringtrain::launch
+
+namespace ringtrain::launch {
+
+bool parse_tokenizer_train(const std::vector<std::string>& args, TokenizerTrainConfig& c,
+                           std::string* help) {
+  po::options_description in("tokenizer train options");
+  // clang-format off
+  in.add_options()
+      ("input", po::value(&c.inputs)->required()->multitoken(), "text files, directories or globs (as convert text); the trainer reads them line by line")
+      ("vocab-size", po::value(&c.vocab_size)->required(), "pieces in the vocabulary (at least 300: 256 byte pieces, <unk> <s> </s>, a newline piece and the corpus' characters)")
+      ("model-type", value_or_default(&c.model_type), "bpe | unigram")
+      ("out", po::value(&c.out)->required(), "the model file to write (e.g. tok.model)")
+      ("threads", value_or_default(&c.threads), "training threads (0: every core)")
+      ("max-input-mb", value_or_default(&c.max_input_mb), "refuse inputs of more than M MiB in all, before reading any");
+  // clang-format on
+  po::options_description desc("tokenizer train options");
+  desc.add(general_options()).add(in).add(debug_options());
+  po::variables_map vm;
+  if (!parse("tokenizer train", desc, args, vm, help)) return false;
+  RT_REQUIRE(c.vocab_size >= 300 && c.vocab_size <= 1000000, "--vocab-size ", c.vocab_size,
+             " is not valid; expected 300 to 1000000 (256 byte pieces and the special pieces "
+             "come first)");
+  RT_REQUIRE(c.model_type == "bpe" || c.model_type == "unigram", "--model-type '", c.model_type,
+             "' is not valid; expected bpe or unigram");
+  RT_REQUIRE(c.threads >= 0 && c.threads <= 4096, "--threads ", c.threads,
+             " is not valid; expected 0 (every core) to 4096");
+  RT_REQUIRE(c.max_input_mb >= 1 && c.max_input_mb <= (int64_t(1) << 40), "--max-input-mb ",
+             c.max_input_mb, " is not valid; expected 1 to 1099511627776 (MiB)");
   if (vm.count("print-config")) {
     *help = config_text(desc, vm);
     return false;

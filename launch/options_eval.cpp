@@ -150,7 +150,8 @@ bool parse_sample(const std::vector<std::string>& args, SampleConfig& c, std::st
   po::options_description what("sampling");
   what.add_options()
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint of a language model (ckpt-*.h5)")
-      ("prompt", po::value(&c.prompt)->required(), "text the samples continue (byte tokens; any bytes)")
+      ("prompt", po::value(&c.prompt)->required(), "text the samples continue (encoded with the checkpoint's tokenizer; bytes: any bytes)")
+      ("tokenizer", po::value(&c.tokenizer), "the SentencePiece model file the training data was converted with (default: read from the training shard the checkpoint names); its SHA-256 must be the one the checkpoint records")
       ("tokens", po::value(&c.tokens)->required(), "new tokens per sample")
       ("temperature", value_or_default(&c.temperature), "softmax temperature, > 0 (below 1: more conservative)")
       ("top-k", value_or_default(&c.top_k), "draw from the K most likely tokens only (0: all)")

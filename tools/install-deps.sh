@@ -25,6 +25,7 @@ packages=(
   libonnx-dev
   zlib1g-dev
   nlohmann-json3-dev
+  libsentencepiece-dev libssl-dev
   libpng-dev libjpeg62-turbo-dev libzip-dev
   dataset-fashion-mnist
   python3-h5py

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/rng.hpp"
 #include "ringtrain/config.hpp"
@@ -228,6 +229,13 @@ io::CheckpointMeta Trainer::checkpoint_meta() const {
     m.input_std = info.has_norm ? info.std : 1.0;
     m.input_channel_mean = info.channel_mean;
     m.input_channel_std = info.channel_std;
+  }
+  if (tokens_) {
+    const auto& info = tokens_->info();
+    m.tokenizer = info.tokenizer;
+    m.tokenizer_sha256 = info.tokenizer_sha256;
+    if (!info.tokenizer_sha256.empty())
+      m.tokenizer_data = std::filesystem::absolute(tokens_->shard(0).path()).string();
   }
   m.grad_accum = grad_accum_;
   m.best_value = best_value_;

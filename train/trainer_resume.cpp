@@ -161,6 +161,10 @@ void Trainer::start_from(const std::string& path) {
              optimizer_->name());
   RT_REQUIRE(m.seed == int64_t(cfg_.seed), "checkpoint '", path, "' was trained with --seed ",
              m.seed, "; this run has --seed ", cfg_.seed, " (the data order would differ)");
+  if (tokens_ && !m.tokenizer.empty())
+    io::require_same_tokenizer(
+        {m.tokenizer, m.tokenizer_sha256, 0}, cat("the training data of checkpoint '", path, "'"),
+        io::tokenizer_id_of(tokens_->info()), cat("--data '", cfg_.data, "'"));
   // The global batch sequence continues unless --global-batch-size changes it on purpose.
   int64_t g = m.global_batch > 0 && !cfg_.global_batch_size ? m.global_batch : requested;
   if (m.global_batch > 0 && !cfg_.global_batch_size) {

@@ -207,6 +207,9 @@ std::pair<Shape, int64_t> Trainer::setup_data() {
   tokens_->set_seq_len(t);
   if (!cfg_.val_data.empty()) {
     val_tokens_ = std::make_unique<io::TokenDataset>(cfg_.val_data);
+    io::require_same_tokenizer(
+        io::tokenizer_id_of(tokens_->info()), cat("--data '", cfg_.data, "'"),
+        io::tokenizer_id_of(val_tokens_->info()), cat("--val-data '", cfg_.val_data, "'"));
     io::require_tokens_fit_model(val_tokens_->info(), t, lm.vocab, context, cfg_.model);
     val_tokens_->set_seq_len(t);
   }

@@ -21,7 +21,8 @@ std::string version_text() {
       H5_HAVE_PARALLEL ? " (parallel)" : " (serial)", "\n", "  BLAS:   ", kernels::blas_version(),
       "\n", "  CPU:    ", kernels::describe_cpu_gemm(), "\n", "  Boost:  ", BOOST_VERSION / 100000,
       ".", BOOST_VERSION / 100 % 1000, "\n", "  ONNX:   ", onnx::LAST_RELEASE_VERSION,
-      " (libonnx, for export)\n", "  CUDA:   ",
+      " (libonnx, for export)\n", "  SentencePiece: ", RINGTRAIN_SENTENCEPIECE_VERSION,
+      " (tokenizers, through librt_sentencepiece.so)\n", "  CUDA:   ",
       RINGTRAIN_HAS_CUDA
           ? cat("built for sm ", RINGTRAIN_CUDA_ARCHS, " with toolkit ", RINGTRAIN_CUDA_VERSION,
                 "\n          loaded: ", kernels::cuda::library_versions(),

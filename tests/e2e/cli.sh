@@ -11,7 +11,7 @@ dir=$(workdir cli)
 unset OMP_NUM_THREADS
 
 v=$("$BIN" --version)
-for lib in ringtrain MPI HDF5 BLAS ONNX CUDA cuDNN NCCL; do
+for lib in ringtrain MPI HDF5 BLAS ONNX SentencePiece CUDA cuDNN NCCL; do
   grep -q "$lib" <<<"$v" || fail "--version does not mention $lib"
 done
 grep -q "Open MPI" <<<"$v" || fail "--version: MPI library"
@@ -20,7 +20,7 @@ grep -q "OpenBLAS" <<<"$v" || fail "--version: BLAS"
 pass "--version"
 
 # Every --help: exit 0, the usage first; a command's help under mpirun comes once (rank 0).
-for cmd in "" train eval convert "convert idx" inspect; do
+for cmd in "" train eval convert "convert idx" "tokenizer train" inspect; do
   # shellcheck disable=SC2086  # $cmd is zero, one or two words
   out=$("$BIN" $cmd --help) || fail "ringtrain $cmd --help exited $?"
   [[ $(sed -n 1p <<<"$out") == "usage: ringtrain "* ]] || fail "ringtrain $cmd --help: $out"

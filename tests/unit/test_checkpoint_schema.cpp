@@ -64,6 +64,9 @@ class CheckpointSchemaTest : public testing::Test {
     m.best_step = 10;
     m.evals_since_best = 1;
     m.best_metric = "val_loss";
+    m.tokenizer = "sentencepiece";
+    m.tokenizer_sha256 = std::string(64, 'a');
+    m.tokenizer_data = "/data/c-00000-of-00002.h5";
     return m;
   }
 
