@@ -124,7 +124,8 @@ class ForwardingBackend : public Backend {
   void do_attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out,
                              const Tensor& dout, const Tensor& lse, const Tensor& dqkv) override {
     inner_.attention_backward(heads, qkv, out, dout, lse, dqkv);
-  }  void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+  }
+  void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                           const Tensor& rstd) override {
     inner_.rmsnorm_forward(x, w, eps, y, rstd);
   }

@@ -86,8 +86,8 @@ int64_t layernorm_rows(const Tensor& x, const Tensor& gamma) {
 
 RopeDims rope_dims(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& qkv) {
-  RT_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0 &&
-               cfg.head_dim > 0 && cfg.head_dim % 2 == 0 && cfg.theta >= 0,
+  RT_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0 && cfg.head_dim > 0 &&
+               cfg.head_dim % 2 == 0 && cfg.theta >= 0,
            "rope_pack of ", cfg.heads, " heads, ", cfg.kv_heads, " kv heads of ", cfg.head_dim,
            " (theta ", cfg.theta, ")");
   RT_CHECK(q.shape.size() == 3, "rope_pack takes q [B, T, H d], got ", shape_str(q.shape));

@@ -325,8 +325,8 @@ class Backend {
   void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                        const Tensor& rstd);
   // dx, and dweight (fp32 [C], overwritten) summed over the rows in a fixed order.
-  void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight);
+  void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& rstd,
+                        const Tensor& dx, const Tensor& dweight);
   // y = a * b elementwise (y may alias neither); da = dy * b, db = dy * a.
   void mul(const Tensor& a, const Tensor& b, const Tensor& y);
   void mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
@@ -443,14 +443,13 @@ class Backend {
                                      const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
   virtual XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                    float grad_scale, const Tensor* dlogits) = 0;
-  virtual void do_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps,
-                                  const Tensor& y, const Tensor& rstd) = 0;
+  virtual void do_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                                  const Tensor& rstd) = 0;
   virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight,
-                                   const Tensor& rstd, const Tensor& dx,
-                                   const Tensor& dweight) = 0;
+                                   const Tensor& rstd, const Tensor& dx, const Tensor& dweight) = 0;
   virtual void do_mul(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
-  virtual void do_mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy,
-                               const Tensor& da, const Tensor& db) = 0;
+  virtual void do_mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                               const Tensor& db) = 0;
   virtual void do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tensor& k,
                             const Tensor& v, const Tensor& qkv) = 0;
   virtual void do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,

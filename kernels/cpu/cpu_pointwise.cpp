@@ -151,7 +151,8 @@ void widened_blocks(int64_t n, int threads, const std::array<const Tensor*, kIn>
       const int64_t m = std::min(kBlock, hi - i);
       for (size_t k = 0; k < kIn; ++k) to_f32(elem_at(*ins[k], i), ins[k]->dtype, in[k], m, 1);
       body(in, out, m);
-      for (size_t k = 0; k < kOut; ++k) from_f32(out[k], elem_at(*outs[k], i), outs[k]->dtype, m, 1);
+      for (size_t k = 0; k < kOut; ++k)
+        from_f32(out[k], elem_at(*outs[k], i), outs[k]->dtype, m, 1);
     }
   });
 }

@@ -56,8 +56,8 @@ void rms_row_bwd_base(const float* x, const float* dy, const float* g, int64_t c
                       float* dx, float* dg) {
   rms_row_bwd_body(x, dy, g, c, rs, dx, dg);
 }
-RT_AVX512_TARGET void rms_row_bwd_avx512(const float* x, const float* dy, const float* g,
-                                         int64_t c, float rs, float* dx, float* dg) {
+RT_AVX512_TARGET void rms_row_bwd_avx512(const float* x, const float* dy, const float* g, int64_t c,
+                                         float rs, float* dx, float* dg) {
   rms_row_bwd_body(x, dy, g, c, rs, dx, dg);
 }
 

@@ -36,8 +36,8 @@ struct RopeTable {
 };
 
 // y = x rotated by the angles (c, s) (sign +1) or back (sign -1): HF's rotate_half pairing.
-RT_INLINE void rotate_body(const float* x, const float* c, const float* s, int64_t half,
-                           float sign, float* y) {
+RT_INLINE void rotate_body(const float* x, const float* c, const float* s, int64_t half, float sign,
+                           float* y) {
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
     const float a = x[i], b = x[i + half], sn = sign * s[i];
@@ -87,7 +87,8 @@ void CpuBackend::do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tens
   const auto rot = use_avx512() ? rotate_avx512 : rotate_base;
 #pragma omp parallel num_threads(threads_) if (threads_ > 1 && rows * 3 * c >= kParallelMin)
   {
-    std::vector<float> qb(static_cast<size_t>(c)), kb(static_cast<size_t>(kvc)), vb(static_cast<size_t>(kvc)), ob(static_cast<size_t>(3 * c));
+    std::vector<float> qb(static_cast<size_t>(c)), kb(static_cast<size_t>(kvc)),
+        vb(static_cast<size_t>(kvc)), ob(static_cast<size_t>(3 * c));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       load_row(q, r, c, qb.data());
@@ -97,8 +98,10 @@ void CpuBackend::do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tens
       const float* cs = rotate ? tab.cos.data() + p * tab.half : nullptr;
       const float* sn = rotate ? tab.sin.data() + p * tab.half : nullptr;
       if (rotate) {
-        for (int64_t i = 0; i < h; ++i) rot(qb.data() + i * d, cs, sn, tab.half, 1.f, ob.data() + i * d);
-        for (int64_t g = 0; g < kvh; ++g) rot(kb.data() + g * d, cs, sn, tab.half, 1.f, kb.data() + g * d);
+        for (int64_t i = 0; i < h; ++i)
+          rot(qb.data() + i * d, cs, sn, tab.half, 1.f, ob.data() + i * d);
+        for (int64_t g = 0; g < kvh; ++g)
+          rot(kb.data() + g * d, cs, sn, tab.half, 1.f, kb.data() + g * d);
       } else {
         accumulate_body(qb.data(), c, false, ob.data());
       }
@@ -135,8 +138,10 @@ void CpuBackend::do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv
       if (rotate) {
         const float* cs = tab.cos.data() + p * tab.half;
         const float* sn = tab.sin.data() + p * tab.half;
-        for (int64_t i = 0; i < h; ++i) rot(gb.data() + i * d, cs, sn, tab.half, -1.f, qb.data() + i * d);
-        for (int64_t g = 0; g < kvh; ++g) rot(kb.data() + g * d, cs, sn, tab.half, -1.f, kb.data() + g * d);
+        for (int64_t i = 0; i < h; ++i)
+          rot(gb.data() + i * d, cs, sn, tab.half, -1.f, qb.data() + i * d);
+        for (int64_t g = 0; g < kvh; ++g)
+          rot(kb.data() + g * d, cs, sn, tab.half, -1.f, kb.data() + g * d);
       } else {
         accumulate_body(gb.data(), c, false, qb.data());
       }

@@ -120,9 +120,9 @@ void launch_rmsnorm_fwd(const void* x, DType xt, const float* g, float eps, void
                         float* rstd, int64_t rows, int64_t c, cudaStream_t s);
 // dx has dy's dtype; dweight through `partial` (kRmsNormSlices * c floats).
 constexpr int kRmsNormSlices = 64;
-void launch_rmsnorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt,
-                        const float* g, const float* rstd, float* partial, float* dw, int64_t rows,
-                        int64_t c, cudaStream_t s);
+void launch_rmsnorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt, const float* g,
+                        const float* rstd, float* partial, float* dw, int64_t rows, int64_t c,
+                        cudaStream_t s);
 // y = a * b (a and b of dtype t); da = dy * b, db = dy * a (all of dtype t).
 void launch_mul(const void* a, const void* b, DType t, void* y, DType yt, int64_t n,
                 cudaStream_t s);

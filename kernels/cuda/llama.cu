@@ -18,7 +18,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-unsigned warp_blocks(int64_t rows) { return unsigned((rows + kThreads / kWarp - 1) / (kThreads / kWarp)); }
+unsigned warp_blocks(int64_t rows) {
+  return unsigned((rows + kThreads / kWarp - 1) / (kThreads / kWarp));
+}
 
 // ---- RMS norm -----------------------------------------------------------------------------
 
@@ -37,8 +39,8 @@ __global__ void rmsnorm_fwd_kernel(const X* x, const float* g, float eps, Y* y, 
 }
 
 template <typename X, typename D>
-__global__ void rmsnorm_dx_kernel(const X* x, const D* dy, const float* g, const float* rstd,
-                                  D* dx, int64_t rows, int64_t c) {
+__global__ void rmsnorm_dx_kernel(const X* x, const D* dy, const float* g, const float* rstd, D* dx,
+                                  int64_t rows, int64_t c) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -162,16 +164,16 @@ void launch_rmsnorm_fwd(const void* x, DType xt, const float* g, float eps, void
     using TX = typename decltype(X)::type;
     dispatch(yt, [&](auto Y) {
       using TY = typename decltype(Y)::type;
-      rmsnorm_fwd_kernel<<<warp_blocks(rows), kThreads, 0, s>>>(
-          static_cast<const TX*>(x), g, eps, static_cast<TY*>(y), rstd, rows, c);
+      rmsnorm_fwd_kernel<<<warp_blocks(rows), kThreads, 0, s>>>(static_cast<const TX*>(x), g, eps,
+                                                                static_cast<TY*>(y), rstd, rows, c);
       CUDA_CHECK_LAUNCH();
     });
   });
 }
 
-void launch_rmsnorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt,
-                        const float* g, const float* rstd, float* partial, float* dw, int64_t rows,
-                        int64_t c, cudaStream_t s) {
+void launch_rmsnorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt, const float* g,
+                        const float* rstd, float* partial, float* dw, int64_t rows, int64_t c,
+                        cudaStream_t s) {
   if (rows == 0) return;
   dispatch(xt, [&](auto X) {
     using TX = typename decltype(X)::type;

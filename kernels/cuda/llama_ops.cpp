@@ -26,8 +26,8 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& dy, const T
 }
 
 void CudaBackend::do_mul(const Tensor& a, const Tensor& b, const Tensor& y) {
-  RT_CHECK(a.dtype == b.dtype, "the CUDA mul takes inputs of one dtype, got ",
-           dtype_name(a.dtype), " and ", dtype_name(b.dtype));
+  RT_CHECK(a.dtype == b.dtype, "the CUDA mul takes inputs of one dtype, got ", dtype_name(a.dtype),
+           " and ", dtype_name(b.dtype));
   launch_mul(a.data, b.data, a.dtype, y.data, y.dtype, a.numel(), stream());
 }
 
@@ -43,13 +43,14 @@ void CudaBackend::do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Ten
                                const Tensor& v, const Tensor& qkv) {
   const RopeDims d = rope_dims(cfg, q, k, v, qkv);
   RT_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "the CUDA rope_pack takes q, k, v of one ",
-           "dtype, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ", dtype_name(v.dtype));
+           "dtype, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ",
+           dtype_name(v.dtype));
   launch_rope_pack(q.data, k.data, v.data, q.dtype, qkv.data, qkv.dtype, d.b * d.t, d.t, cfg.heads,
                    cfg.kv_heads, cfg.head_dim, cfg.theta, stream());
 }
 
-void CudaBackend::do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv,
-                                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+void CudaBackend::do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,
+                                        const Tensor& dk, const Tensor& dv) {
   const RopeDims d = rope_dims(cfg, dq, dk, dv, dqkv);
   for (const Tensor* t : {&dq, &dk, &dv})
     RT_CHECK(t->dtype == dqkv.dtype, "the CUDA rope_pack gradient takes tensors of one dtype, got ",

@@ -100,8 +100,8 @@ const Tensor& GroupedQueryAttention::forward_inputs(Context& ctx,
   RT_REQUIRE(xs.size() == 3 && xs[0]->shape.size() == 3 && xs[0]->dim(2) == c &&
                  xs[1]->shape == Shape({xs[0]->dim(0), xs[0]->dim(1), kvc}) &&
                  xs[2]->shape == xs[1]->shape,
-             "layer ", name(), " takes q [batch, T, ", c, "], k and v [batch, T, ", kvc,
-             "]; got ", shape_str(xs[0]->shape), ", ", shape_str(xs[1]->shape), ", ",
+             "layer ", name(), " takes q [batch, T, ", c, "], k and v [batch, T, ", kvc, "]; got ",
+             shape_str(xs[0]->shape), ", ", shape_str(xs[1]->shape), ", ",
              shape_str(xs.back()->shape));
   const Tensor& q = in_dtype(ctx, *xs[0], qin_);
   const Tensor& k = in_dtype(ctx, *xs[1], kin_);
@@ -148,11 +148,10 @@ std::string rms_norm_onnx(const OpNode& n, OnnxWriter& w) {
   const std::string x = w.input(0), p = w.output();
   const std::string ms = w.op("ReduceMean", p + "/mean_sq", {w.op("Mul", p + "/sq", {x, x})},
                               {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t(1)}});
-  const std::string rms =
-      w.op("Sqrt", p + "/rms",
-           {w.op("Add", p + "/mean_sq_eps",
-                 {ms, w.scalar(cat("const/eps_", rms_eps(n.def.rms_norm())),
-                               rms_eps(n.def.rms_norm()))})});
+  const std::string rms = w.op("Sqrt", p + "/rms",
+                               {w.op("Add", p + "/mean_sq_eps",
+                                     {ms, w.scalar(cat("const/eps_", rms_eps(n.def.rms_norm())),
+                                                   rms_eps(n.def.rms_norm()))})});
   const std::string xn = w.op("Div", p + "/normed", {x, rms});
   w.node("Mul", p, {xn, w.param("weight")}, {p});
   return p;
@@ -168,30 +167,30 @@ RINGTRAIN_REGISTER_OP(
             return n.inputs[0];
           },
           .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-            return std::make_unique<RmsNorm>(n.name, n.inputs[0].back(),
-                                             rms_eps(n.def.rms_norm()));
+            return std::make_unique<RmsNorm>(n.name, n.inputs[0].back(), rms_eps(n.def.rms_norm()));
           },
           // x^2, the row sum, x * rstd, * weight
           .flops = [](const OpNode&, const Shape& out) { return 4.0 * double(shape_numel(out)); },
           .onnx = rms_norm_onnx});
 
-RINGTRAIN_REGISTER_OP(
-    mul, OpDef{.name = "mul",
-               .min_inputs = 2,
-               .max_inputs = 2,
-               .infer = [](const OpNode& n) -> Shape {
-                 RT_REQUIRE(n.inputs[0] == n.inputs[1], "mul takes two inputs of one shape; got ",
-                            shape_str(n.inputs[0]), " and ", shape_str(n.inputs[1]));
-                 return n.inputs[0];
-               },
-               .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
-                 return std::make_unique<Mul>(n.name);
-               },
-               .onnx =
-                   [](const OpNode&, OnnxWriter& w) {
-                     w.node("Mul", w.output(), {w.input(0), w.input(1)}, {w.output()});
-                     return w.output();
-                   }});
+RINGTRAIN_REGISTER_OP(mul,
+                      OpDef{.name = "mul",
+                            .min_inputs = 2,
+                            .max_inputs = 2,
+                            .infer = [](const OpNode& n) -> Shape {
+                              RT_REQUIRE(n.inputs[0] == n.inputs[1],
+                                         "mul takes two inputs of one shape; got ",
+                                         shape_str(n.inputs[0]), " and ", shape_str(n.inputs[1]));
+                              return n.inputs[0];
+                            },
+                            .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+                              return std::make_unique<Mul>(n.name);
+                            },
+                            .onnx =
+                                [](const OpNode&, OnnxWriter& w) {
+                                  w.node("Mul", w.output(), {w.input(0), w.input(1)}, {w.output()});
+                                  return w.output();
+                                }});
 
 }  // namespace
 

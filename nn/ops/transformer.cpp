@@ -6,9 +6,9 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "nn/llama_layers.hpp"
 #include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
-#include "nn/llama_layers.hpp"
 #include "nn/transformer_layers.hpp"
 #include "ringtrain/model.pb.h"
 
@@ -296,8 +296,8 @@ std::string gqa_attention_onnx(const OpNode& n, OnnxWriter& w) {
   const std::string t = onnx_seq_len(w, w.input(0), p);
   // [N, T, heads * d] -> [N, heads, T, d]
   auto split_heads = [&](const std::string& x, int64_t heads, const std::string& name) {
-    const std::string r =
-        w.op("Reshape", name + "_heads", {x, w.ints(cat("const/heads_", heads, "x", d), {0, 0, heads, d})});
+    const std::string r = w.op("Reshape", name + "_heads",
+                               {x, w.ints(cat("const/heads_", heads, "x", d), {0, 0, heads, d})});
     return w.op("Transpose", name + "_t", {r}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
   };
   std::string q = split_heads(w.input(0), h, p + "/q");
@@ -319,13 +319,14 @@ std::string gqa_attention_onnx(const OpNode& n, OnnxWriter& w) {
     const std::string sin_t =
         w.op("Slice", p + "/sin", {sin_all, w.ints("const/i0", {0}), t, w.ints("const/i0", {0})});
     auto rotate = [&](const std::string& x) {
-      w.node("Split", x + "/halves", {x, w.ints(cat("const/split_", half, "_", half), {half, half})},
+      w.node("Split", x + "/halves",
+             {x, w.ints(cat("const/split_", half, "_", half), {half, half})},
              {x + "/x1", x + "/x2"}, {{"axis", int64_t(-1)}});
       const std::string rh =
           w.op("Concat", x + "/rotate_half", {w.op("Neg", x + "/neg_x2", {x + "/x2"}), x + "/x1"},
                {{"axis", int64_t(-1)}});
-      return w.op("Add", x + "/rope", {w.op("Mul", x + "/xcos", {x, cos_t}),
-                                       w.op("Mul", x + "/rsin", {rh, sin_t})});
+      return w.op("Add", x + "/rope",
+                  {w.op("Mul", x + "/xcos", {x, cos_t}), w.op("Mul", x + "/rsin", {rh, sin_t})});
     };
     q = rotate(q);
     k = rotate(k);
@@ -336,12 +337,14 @@ std::string gqa_attention_onnx(const OpNode& n, OnnxWriter& w) {
       const std::string r =
           w.op("Concat", x + "/repeat", std::vector<std::string>(size_t(group), u),
                {{"axis", int64_t(2)}});
-      return w.op("Reshape", x + "/grouped", {r, w.ints(cat("const/gqa_", h, "x", d), {0, h, -1, d})});
+      return w.op("Reshape", x + "/grouped",
+                  {r, w.ints(cat("const/gqa_", h, "x", d), {0, h, -1, d})});
     };
     k = repeat(k);
     v = repeat(v);
   }
-  const std::string kt = w.op("Transpose", p + "/k_tt", {k}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}});
+  const std::string kt =
+      w.op("Transpose", p + "/k_tt", {k}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}});
   std::vector<float> mask(size_t(l * l), 0.f);
   for (int64_t i = 0; i < l; ++i)
     for (int64_t j = i + 1; j < l; ++j)

@@ -28,7 +28,10 @@ struct LlamaTolerance {
 };
 LlamaTolerance llama_tolerance(DType t) {
   if (t == DType::f32) return {1e-5, 1e-5, 1e-5};
-  return {3e-2, 5e-3, 5e-2};  // bf16: one rounding of each activation and weight, ~30 ops deep
+  // bf16: one rounding (2^-8) of each activation and weight, ~30 ops deep, at the reference's
+  // large weights (measured: logits 3e-2, gradients 7e-2; a wrong rotary pairing gives 1.3
+  // and 1.6, tests/ref/make_llama_ref.py --pairing interleaved)
+  return {6e-2, 2e-3, 1.2e-1};
 }
 
 class LlamaParity : public ::testing::TestWithParam<std::tuple<int, DType>> {};
