@@ -125,6 +125,28 @@ class ForwardingBackend : public Backend {
                              const Tensor& dout, const Tensor& lse, const Tensor& dqkv) override {
     inner_.attention_backward(heads, qkv, out, dout, lse, dqkv);
   }
+  void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                          const Tensor& rstd) override {
+    inner_.rmsnorm_forward(x, w, eps, y, rstd);
+  }
+  void do_rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& w, const Tensor& rstd,
+                           const Tensor& dx, const Tensor& dw) override {
+    inner_.rmsnorm_backward(x, dy, w, rstd, dx, dw);
+  }
+  void do_mul(const Tensor& a, const Tensor& b, const Tensor& y) override { inner_.mul(a, b, y); }
+  void do_mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                       const Tensor& db) override {
+    inner_.mul_backward(a, b, dy, da, db);
+  }
+  void do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& qkv) override {
+    inner_.rope_pack(cfg, q, k, v, qkv);
+  }
+  void do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) override {
+    inner_.rope_pack_backward(cfg, dqkv, dq, dk, dv);
+  }
+
   XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab, float g,
                            const Tensor* dl) override {
     return inner_.token_xent(logits, targets, vocab, g, dl);

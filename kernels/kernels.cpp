@@ -84,6 +84,23 @@ int64_t layernorm_rows(const Tensor& x, const Tensor& gamma) {
   return x.numel() / c;
 }
 
+RopeDims rope_dims(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& qkv) {
+  RT_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0 && cfg.head_dim > 0 &&
+               cfg.head_dim % 2 == 0 && cfg.theta >= 0,
+           "rope_pack of ", cfg.heads, " heads, ", cfg.kv_heads, " kv heads of ", cfg.head_dim,
+           " (theta ", cfg.theta, ")");
+  RT_CHECK(q.shape.size() == 3, "rope_pack takes q [B, T, H d], got ", shape_str(q.shape));
+  const RopeDims d{q.dim(0), q.dim(1)};
+  const int64_t hd = cfg.heads * cfg.head_dim, kvd = cfg.kv_heads * cfg.head_dim;
+  RT_CHECK(q.dim(2) == hd && k.numel() == d.b * d.t * kvd && v.numel() == d.b * d.t * kvd &&
+               qkv.numel() == d.b * d.t * 3 * hd,
+           "rope_pack tensors q ", shape_str(q.shape), " k ", shape_str(k.shape), " v ",
+           shape_str(v.shape), " qkv ", shape_str(qkv.shape), " do not fit ", cfg.heads, " heads, ",
+           cfg.kv_heads, " kv heads of ", cfg.head_dim);
+  return d;
+}
+
 const char* op_name(Op op) {
   switch (op) {
     case Op::gemm:
@@ -140,6 +157,12 @@ const char* op_name(Op op) {
       return "pointwise_loss";
     case Op::pixel_xent:
       return "pixel_xent";
+    case Op::rmsnorm:
+      return "rmsnorm";
+    case Op::mul:
+      return "mul";
+    case Op::rope:
+      return "rope";
     case Op::fused_unscale:
       return "fused_unscale";
   }

@@ -41,6 +41,9 @@ enum class Op {
   token_xent,
   pointwise_loss,
   pixel_xent,
+  rmsnorm,
+  mul,
+  rope,
   // sgd_step/adamw_step read a gradient of this dtype times the config's grad_scale (the loss
   // scaler's unscale folded into the optimizer), and unscale_check takes an empty `out`.
   fused_unscale
@@ -110,6 +113,13 @@ RT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t i) {
   return float(uint32_t(z >> 40)) * (1.f / 16777216.f);  // 24 bits: [0, 1)
 }
 const char* op_name(Op op);
+
+// The rotary pack of grouped-query attention (rope_pack): `heads` query heads and `kv_heads`
+// key/value heads (heads a multiple of it) of `head_dim` d each; theta 0: no rotation.
+struct RopeConfig {
+  int64_t heads = 1, kv_heads = 1, head_dim = 1;
+  double theta = 0;
+};
 
 struct XentResult {
   double loss_sum = 0;  // summed over the batch, in double
@@ -309,6 +319,30 @@ class Backend {
   // dqkv [B, T, 3C] (overwritten) from dout and forward's qkv, out and lse.
   void attention_backward(int64_t heads, const Tensor& qkv, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, const Tensor& dqkv);
+  // ---- Llama ops. Activations in any float dtype, arithmetic in fp32, rounded once.
+  // RMS normalisation of each row of x [N, C]: y = x * rstd * weight with
+  // rstd = 1 / sqrt(mean(x^2) + eps); weight fp32 [C]; rstd (fp32 [N]) kept for backward.
+  void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                       const Tensor& rstd);
+  // dx, and dweight (fp32 [C], overwritten) summed over the rows in a fixed order.
+  void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& rstd,
+                        const Tensor& dx, const Tensor& dweight);
+  // y = a * b elementwise (y may alias neither); da = dy * b, db = dy * a.
+  void mul(const Tensor& a, const Tensor& b, const Tensor& y);
+  void mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                    const Tensor& db);
+  // The input of attention_forward for grouped-query attention with rotary embeddings:
+  // qkv [B, T, 3 H d] from q [B, T, H d], k and v [B, T, KV d]: query head h rotated, key
+  // head h / (H / KV) rotated, value head h / (H / KV) copied, each to head h of its third.
+  // The rotation of position t (the row within the window) is HF Llama's rotate_half: for
+  // i < d/2 and f = theta^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos tf - x_{i+d/2} sin tf,
+  // x_{i+d/2} cos tf + x_i sin tf), angles in double precision.
+  void rope_pack(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& qkv);
+  // Its backward: dq, dk, dv (overwritten) from dqkv; the query heads sharing a key/value head
+  // summed in head order.
+  void rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv);
   // Token-level softmax cross-entropy over the first `vocab` columns of fp32 logits
   // [N, Vp] (Vp >= vocab: the padding columns take no part and get zero gradient) against
   // i32 targets [N] in [0, vocab). When dlogits (fp32 [N, Vp], may alias logits: the
@@ -409,6 +443,17 @@ class Backend {
                                      const Tensor& dout, const Tensor& lse, const Tensor& dqkv) = 0;
   virtual XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                                    float grad_scale, const Tensor* dlogits) = 0;
+  virtual void do_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                                  const Tensor& rstd) = 0;
+  virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight,
+                                   const Tensor& rstd, const Tensor& dx, const Tensor& dweight) = 0;
+  virtual void do_mul(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void do_mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                               const Tensor& db) = 0;
+  virtual void do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& qkv) = 0;
+  virtual void do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,
+                                     const Tensor& dk, const Tensor& dv) = 0;
   virtual double do_pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
                                    float delta, const Tensor* pos_weight, float grad_scale,
                                    const Tensor* dpred, bool accumulate) = 0;
@@ -431,6 +476,12 @@ AttentionDims attention_dims(int64_t heads, const Tensor& qkv, const Tensor& out
 void check_embedding_shapes(const Tensor& tokens, const Tensor& wte, const Tensor* wpe,
                             const Tensor& y);
 int64_t layernorm_rows(const Tensor& x, const Tensor& gamma);  // N of x [N, C] (any leading)
+// B and T of rope_pack's tensors (internal error unless q, k, v and qkv fit cfg and each other).
+struct RopeDims {
+  int64_t b, t;
+};
+RopeDims rope_dims(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& qkv);
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 

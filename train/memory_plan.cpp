@@ -121,6 +121,15 @@ int64_t node_activation_bytes(const PlanModel& m, size_t i, int64_t b, DType com
   if (n.op == "global_avg_pool") return y * os + x * ds;
   if (n.op == "batch_norm") return xin + y * os + x * ds + 2 * n.out.at(0) * 4;
   if (n.op == "layer_norm") return xin + y * os + x * ds + 2 * (x / n.out.back()) * 4;
+  if (n.op == "rms_norm") return xin + y * os + x * ds + (x / n.out.back()) * 4;
+  if (n.op == "mul") return y * os + (needs_dx ? 2 * x * ds : 0);
+  if (n.op == "attention" && n.inputs.size() == 3) {
+    // q, k, v -> the rotary pack [B, T, 3C] and its gradient, the output, the log-sum-exp,
+    // and the gradients of q, k and v
+    const int64_t t = n.out.at(0), kv = shape_numel(n.inputs[1]) * b;
+    return 3 * y * ds + y * ds + (out_dtype[i] != d ? y * os : 0) + 4 * b * n.heads * t +
+           3 * y * ds + y * ds + 2 * kv * ds;
+  }
   if (n.op == "attention") {
     const int64_t t = n.out.at(0);
     return xin + y * ds + (out_dtype[i] != d ? y * os : 0) + 4 * b * n.heads * t + x * ds;
@@ -211,7 +220,7 @@ MemoryPlan plan_memory(const PlanModel& m, const PlanSettings& s) {
       add(C::gradients, size_of(nd) * n.params);
     }
     add(C::gradients, d * n.shared);
-    if (n.op == "embedding" || n.op == "layer_norm" || n.op == "batch_norm")
+    if (n.op == "embedding" || n.op == "layer_norm" || n.op == "rms_norm" || n.op == "batch_norm")
       add(C::gradients, 4 * n.params);
     act[i] = node_activation_bytes(m, i, s.micro_batch, cd, out_dtype);
     if (n.readers >= 2) act[i] += shape_numel(n.out) * s.micro_batch * size_of(nd);  // dy sums

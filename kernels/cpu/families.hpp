@@ -15,4 +15,6 @@
   X(layernorm)  /* cpu_layernorm.cpp */                                                 \
   X(attention)  /* cpu_attention.cpp */                                                 \
   X(token_xent) /* cpu_token_xent.cpp */                                                \
+  X(rmsnorm)    /* cpu_rmsnorm.cpp */                                                   \
+  X(rope)       /* cpu_rope.cpp: the rotary pack of grouped-query attention */          \
   X(loss)       /* cpu_loss.cpp: regression, multi-label and per-pixel losses */

@@ -139,6 +139,18 @@ class CudaBackend final : public Backend {
                              const Tensor& dout, const Tensor& lse, const Tensor& dqkv) override;
   XentResult do_token_xent(const Tensor& logits, const Tensor& targets, int64_t vocab,
                            float grad_scale, const Tensor* dlogits) override;
+  // the Llama ops: rmsnorm, mul, rope_pack
+  void do_rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                          const Tensor& rstd) override;
+  void do_rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight,
+                           const Tensor& rstd, const Tensor& dx, const Tensor& dweight) override;
+  void do_mul(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void do_mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                       const Tensor& db) override;
+  void do_rope_pack(const RopeConfig& cfg, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& qkv) override;
+  void do_rope_pack_backward(const RopeConfig& cfg, const Tensor& dqkv, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) override;
   // loss_ops.cpp: the losses beyond classification
   double do_pointwise_loss(PointwiseLoss kind, const Tensor& pred, const Tensor& target,
                            float delta, const Tensor* pos_weight, float grad_scale,

@@ -6,4 +6,5 @@
 #define RT_CUDA_KERNEL_FAMILIES(X)                                                           \
   X(core)       /* cuda_backend.cpp: the ops of cuda_backend, gemm, conv, transformer_ops */ \
   X(activation) /* activation.cu: the pointwise activations */                               \
-  X(loss)       /* loss_ops.cpp, loss.cu: regression, multi-label and per-pixel losses */
+  X(loss)       /* loss_ops.cpp, loss.cu: regression, multi-label and per-pixel losses */    \
+  X(llama)      /* llama_ops.cpp, llama.cu: rmsnorm, mul, rope */

@@ -115,4 +115,25 @@ void launch_pixel_xent(const float* logits, const int32_t* labels, int64_t n, in
                        int32_t ignore_index, double g, float* dlogits, bool accumulate,
                        double* loss, int32_t* correct, cudaStream_t st);
 
+// ---- llama.cu --------------------------------------------------------------------------
+void launch_rmsnorm_fwd(const void* x, DType xt, const float* g, float eps, void* y, DType yt,
+                        float* rstd, int64_t rows, int64_t c, cudaStream_t s);
+// dx has dy's dtype; dweight through `partial` (kRmsNormSlices * c floats).
+constexpr int kRmsNormSlices = 64;
+void launch_rmsnorm_bwd(const void* x, DType xt, const void* dy, void* dx, DType dt, const float* g,
+                        const float* rstd, float* partial, float* dw, int64_t rows, int64_t c,
+                        cudaStream_t s);
+// y = a * b (a and b of dtype t); da = dy * b, db = dy * a (all of dtype t).
+void launch_mul(const void* a, const void* b, DType t, void* y, DType yt, int64_t n,
+                cudaStream_t s);
+void launch_mul_bwd(const void* a, const void* b, const void* dy, void* da, void* db, DType t,
+                    int64_t n, cudaStream_t s);
+// kernels.hpp's rope_pack over rows = B * T token rows of T positions, and its backward.
+void launch_rope_pack(const void* q, const void* k, const void* v, DType t, void* qkv, DType ot,
+                      int64_t rows, int64_t t_len, int64_t heads, int64_t kv_heads,
+                      int64_t head_dim, double theta, cudaStream_t s);
+void launch_rope_pack_bwd(const void* dqkv, void* dq, void* dk, void* dv, DType t, int64_t rows,
+                          int64_t t_len, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          double theta, cudaStream_t s);
+
 }  // namespace ringtrain::kernels::cuda

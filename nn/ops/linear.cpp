@@ -126,11 +126,14 @@ RINGTRAIN_REGISTER_OP(linear,
                             },
                             .flops =
                                 [](const OpNode& n, const Shape& out) {
-                                  // 2 in out per row (one row, or one per leading position)
+                                  // 2 in out per row (one row, or one per leading
+                                  // position), and the bias's o when the layer has one
                                   const double o = double(out.back());
                                   const double rows = double(shape_numel(out)) / o;
                                   const double in = double(shape_numel(n.inputs[0])) / rows;
-                                  return rows * (2.0 * in * o + o);
+                                  const auto& l = n.def.linear();
+                                  const bool bias = !l.has_bias() || l.bias();
+                                  return rows * (2.0 * in * o + (bias ? o : 0.0));
                                 },
                             .onnx = linear_onnx});
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "nn/llama_layers.hpp"
 #include "nn/onnx_writer.hpp"
 #include "nn/op_registry.hpp"
 #include "nn/transformer_layers.hpp"
@@ -191,7 +192,10 @@ std::string embedding_onnx(const OpNode& n, OnnxWriter& w) {
 // head h at columns h*hs of each) -> [N, T, C]; scores scaled by 1/sqrt(hs), the future
 // masked by adding -inf from the top-left [T, T] of one constant mask (the model's longest
 // sequence square, shared by every attention node).
+std::string gqa_attention_onnx(const OpNode& n, OnnxWriter& w);
+
 std::string attention_onnx(const OpNode& n, OnnxWriter& w) {
+  if (n.inputs.size() == 3) return gqa_attention_onnx(n, w);
   const std::string x = w.input(0), p = w.output();
   const int64_t heads = n.def.attention().heads(), c = n.inputs[0][1] / 3, hs = c / heads;
   const int64_t l = std::max(w.max_sequence(), n.inputs[0][0]);
@@ -236,8 +240,7 @@ RINGTRAIN_REGISTER_OP(
                        " is not valid; expected a positive number");
             RT_REQUIRE(o.width() >= 1, "width ", o.width(),
                        " is not valid; expected a positive number");
-            const bool pos = !o.has_positional() || o.positional();
-            RT_REQUIRE(!pos || o.context() >= n.inputs[0][0], "context ", o.context(),
+            RT_REQUIRE(o.context() >= n.inputs[0][0], "context ", o.context(),
                        " is shorter than the ", n.inputs[0][0], " tokens of a sample");
             return {n.inputs[0][0], o.width()};
           },
@@ -250,7 +253,7 @@ RINGTRAIN_REGISTER_OP(
           .input_kind = InputKind::tokens,
           .token_limits = [](const OpNode& n) -> TokenLimits {
             const auto& o = n.def.embedding();
-            return {o.vocab_size(), positional(o) ? o.context() : 0};
+            return {o.vocab_size(), o.context()};
           },
           .onnx = embedding_onnx});
 
@@ -276,26 +279,153 @@ RINGTRAIN_REGISTER_OP(
                 return w.output();
               }});
 
+// Three inputs (q, k, v): grouped-query attention with optional rotary embeddings.
+bool three_inputs(const OpNode& n) { return n.inputs.size() == 3; }
+
+// The three-input form: q [N, T, H d], k and v [N, T, KV d] -> [N, T, H d]. Rotary embeddings
+// as HF writes them, x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1) and cos,
+// sin [L, d] constants (each half repeated) sliced to T rows; the key/value heads repeated
+// for their query heads (Unsqueeze, Concat of heads / kv_heads copies, Reshape); then the
+// scores, causal mask and softmax as the one-input form.
+std::string gqa_attention_onnx(const OpNode& n, OnnxWriter& w) {
+  const std::string p = w.output();
+  const auto& o = n.def.attention();
+  const int64_t h = o.heads(), kv = o.kv_heads() == 0 ? h : o.kv_heads();
+  const int64_t c = n.inputs[0][1], d = c / h, half = d / 2, group = h / kv;
+  const int64_t l = std::max(w.max_sequence(), n.inputs[0][0]);
+  const std::string t = onnx_seq_len(w, w.input(0), p);
+  // [N, T, heads * d] -> [N, heads, T, d]
+  auto split_heads = [&](const std::string& x, int64_t heads, const std::string& name) {
+    const std::string r = w.op("Reshape", name + "_heads",
+                               {x, w.ints(cat("const/heads_", heads, "x", d), {0, 0, heads, d})});
+    return w.op("Transpose", name + "_t", {r}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  };
+  std::string q = split_heads(w.input(0), h, p + "/q");
+  std::string k = split_heads(w.input(1), kv, p + "/k");
+  std::string v = split_heads(w.input(2), kv, p + "/v");
+  if (o.rope_theta() > 0) {
+    std::vector<float> cs(size_t(l * d)), sn(size_t(l * d));
+    for (int64_t pos = 0; pos < l; ++pos)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = double(pos) * std::pow(o.rope_theta(), -2.0 * double(i) / double(d));
+        cs[size_t(pos * d + i)] = cs[size_t(pos * d + i + half)] = float(std::cos(a));
+        sn[size_t(pos * d + i)] = sn[size_t(pos * d + i + half)] = float(std::sin(a));
+      }
+    const std::string key = cat("const/rope_", d, "_", o.rope_theta(), "_", l);
+    const std::string cos_all = w.weight(key + "/cos", {l, d}, cs.data());
+    const std::string sin_all = w.weight(key + "/sin", {l, d}, sn.data());
+    const std::string cos_t =
+        w.op("Slice", p + "/cos", {cos_all, w.ints("const/i0", {0}), t, w.ints("const/i0", {0})});
+    const std::string sin_t =
+        w.op("Slice", p + "/sin", {sin_all, w.ints("const/i0", {0}), t, w.ints("const/i0", {0})});
+    auto rotate = [&](const std::string& x) {
+      w.node("Split", x + "/halves",
+             {x, w.ints(cat("const/split_", half, "_", half), {half, half})},
+             {x + "/x1", x + "/x2"}, {{"axis", int64_t(-1)}});
+      const std::string rh =
+          w.op("Concat", x + "/rotate_half", {w.op("Neg", x + "/neg_x2", {x + "/x2"}), x + "/x1"},
+               {{"axis", int64_t(-1)}});
+      return w.op("Add", x + "/rope",
+                  {w.op("Mul", x + "/xcos", {x, cos_t}), w.op("Mul", x + "/rsin", {rh, sin_t})});
+    };
+    q = rotate(q);
+    k = rotate(k);
+  }
+  if (group > 1) {
+    auto repeat = [&](const std::string& x) {
+      const std::string u = w.op("Unsqueeze", x + "/unsq", {x, w.ints("const/i2", {2})});
+      const std::string r =
+          w.op("Concat", x + "/repeat", std::vector<std::string>(size_t(group), u),
+               {{"axis", int64_t(2)}});
+      return w.op("Reshape", x + "/grouped",
+                  {r, w.ints(cat("const/gqa_", h, "x", d), {0, h, -1, d})});
+    };
+    k = repeat(k);
+    v = repeat(v);
+  }
+  const std::string kt =
+      w.op("Transpose", p + "/k_tt", {k}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}});
+  std::vector<float> mask(size_t(l * l), 0.f);
+  for (int64_t i = 0; i < l; ++i)
+    for (int64_t j = i + 1; j < l; ++j)
+      mask[size_t(i * l + j)] = -std::numeric_limits<float>::infinity();
+  const std::string m_all = w.weight("const/causal_mask", {l, l}, mask.data());
+  const std::string s = w.op("Mul", p + "/scores",
+                             {w.op("MatMul", p + "/qk", {q, kt}),
+                              w.scalar(cat("const/inv_sqrt_", d), 1.f / std::sqrt(float(d)))});
+  const std::string ends = w.op("Concat", p + "/mask_ends", {t, t}, {{"axis", int64_t(0)}});
+  const std::string m =
+      w.op("Slice", p + "/mask",
+           {m_all, w.ints("const/i00", {0, 0}), ends, w.ints("const/i01", {0, 1})});
+  const std::string probs =
+      w.op("Softmax", p + "/probs", {w.op("Add", p + "/masked", {s, m})}, {{"axis", int64_t(-1)}});
+  const std::string out = w.op("Transpose", p + "/out_t", {w.op("MatMul", p + "/out", {probs, v})},
+                               {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  return w.op("Reshape", p, {out, w.ints(cat("const/merge_", c), {0, 0, c})});
+}
+
+kernels::RopeConfig rope_config(const OpNode& n) {
+  const auto& o = n.def.attention();
+  kernels::RopeConfig cfg;
+  cfg.heads = o.heads();
+  cfg.kv_heads = o.kv_heads() == 0 ? o.heads() : o.kv_heads();
+  cfg.head_dim = cfg.heads > 0 ? n.inputs[0][1] / cfg.heads : 0;
+  cfg.theta = o.rope_theta();
+  return cfg;
+}
+
+Shape attention_infer(const OpNode& n) {
+  const auto& o = n.def.attention();
+  const Shape& x = n.inputs[0];
+  const int64_t h = o.heads();
+  RT_REQUIRE(h >= 1, "heads ", h, " is not valid; expected a positive number");
+  RT_REQUIRE(o.kv_heads() >= 0, "kv_heads ", o.kv_heads(),
+             " is not valid; expected a positive number (0: heads)");
+  RT_REQUIRE(o.rope_theta() >= 0 && std::isfinite(o.rope_theta()), "rope_theta ", o.rope_theta(),
+             " is not valid; expected a positive number (0: no rotary embedding)");
+  if (!three_inputs(n)) {
+    RT_REQUIRE(n.inputs.size() == 1, "attention takes one input (qkv) or three (q, k, v); got ",
+               n.inputs.size());
+    RT_REQUIRE((o.kv_heads() == 0 || o.kv_heads() == h) && o.rope_theta() == 0,
+               "kv_heads and rope_theta need q, k and v as three inputs (input: \"q\" input: "
+               "\"k\" input: \"v\"); this node has one");
+    RT_REQUIRE(x.size() == 2 && x[1] % (3 * h) == 0,
+               "attention takes qkv [T, 3 * width] with the width a multiple of ", h,
+               " heads; got ", shape_str(x));
+    return {x[0], x[1] / 3};
+  }
+  const kernels::RopeConfig cfg = rope_config(n);
+  RT_REQUIRE(h % cfg.kv_heads == 0, "heads ", h, " is not a multiple of kv_heads ", cfg.kv_heads);
+  RT_REQUIRE(x.size() == 2 && x[1] % h == 0 && x[1] > 0,
+             "attention takes q [T, heads * head_dim] with heads ", h, "; got ", shape_str(x));
+  RT_REQUIRE(cfg.theta == 0 || cfg.head_dim % 2 == 0, "rotary embeddings need an even head_dim; ",
+             "q ", shape_str(x), " over ", h, " heads gives ", cfg.head_dim);
+  const Shape kv{x[0], cfg.kv_heads * cfg.head_dim};
+  RT_REQUIRE(n.inputs[1] == kv && n.inputs[2] == kv, "attention with ", h, " heads of ",
+             cfg.head_dim, " and kv_heads ", cfg.kv_heads, " takes k and v ", shape_str(kv),
+             "; got ", shape_str(n.inputs[1]), " and ", shape_str(n.inputs[2]));
+  return x;
+}
+
 RINGTRAIN_REGISTER_OP(
     attention,
     OpDef{.name = "attention",
-          .infer = [](const OpNode& n) -> Shape {
-            const Shape& x = n.inputs[0];
-            const int64_t h = n.def.attention().heads();
-            RT_REQUIRE(h >= 1, "heads ", h, " is not valid; expected a positive number");
-            RT_REQUIRE(x.size() == 2 && x[1] % (3 * h) == 0,
-                       "attention takes qkv [T, 3 * width] with the width a multiple of ", h,
-                       " heads; got ", shape_str(x));
-            return {x[0], x[1] / 3};
-          },
+          .max_inputs = 3,
+          .infer = attention_infer,
           .build = [](const OpNode& n) -> std::unique_ptr<Layer> {
+            if (three_inputs(n))
+              return std::make_unique<GroupedQueryAttention>(n.name, rope_config(n));
             return std::make_unique<CausalSelfAttention>(n.name, n.def.attention().heads());
           },
-          // Causal: q k^T and p v over T (T + 1) / 2 pairs, 2 FLOPs per multiply-add each.
+          // Causal: q k^T and p v over T (T + 1) / 2 pairs, 2 FLOPs per multiply-add each, for
+          // an output of C = heads * head_dim; plus the rotation's 6 per pair of q and k elements.
           .flops =
               [](const OpNode& n, const Shape& out) {
                 const double t = double(out[0]), c = double(out[1]);
-                return 2.0 * 2.0 * c * t * (t + 1) / 2;
+                double f = 2.0 * 2.0 * c * t * (t + 1) / 2;
+                if (three_inputs(n) && n.def.attention().rope_theta() > 0)
+                  f += 3.0 * t * (c + double(n.inputs[1][1]));
+                return f;
               },
           .onnx = attention_onnx});
 

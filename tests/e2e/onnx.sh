@@ -10,7 +10,8 @@
 # max |d| <= 1e-4 with 100 % top-1 agreement. A GPT (gpt-tiny, written by onnx_fixture
 # since token training is not in `train` yet) matches ringtrain's forward logits, its LM
 # head tied to the token embedding (one initialiser) and causal (a prefix gives the same
-# logits). Bad input at 2 ranks: one message, exit 1, nothing left under --out; a failure
+# logits). So does a Llama (llama-tiny with 2 kv heads, also from onnx_fixture: rotary
+# embeddings, grouped-query attention, RMS norms, SwiGLU, its head untied). Bad input at 2 ranks: one message, exit 1, nothing left under --out; a failure
 # on rank 1 while exporting: exit 2, one message naming rank 1.
 source "$(dirname "$0")/lib.sh"
 FIXTURE=${ONNX_FIXTURE:?ONNX_FIXTURE is not set (the onnx_fixture binary)}
@@ -93,6 +94,9 @@ done
 "$FIXTURE" gpt gpt >/dev/null || fail "onnx_fixture gpt exited $?"
 mpi 2 "$BIN" export --checkpoint gpt/ckpt-000000001.h5 --out gpt.onnx >/dev/null ||
   fail "gpt: export exited $?"
+"$FIXTURE" llama llama >/dev/null || fail "onnx_fixture llama exited $?"
+mpi 2 "$BIN" export --checkpoint llama/ckpt-000000001.h5 --out llama.onnx >/dev/null ||
+  fail "llama: export exited $?"
 
 "$PY" - "${models[@]%% *}" <<'EOF' || fail "ONNX Runtime disagrees with ringtrain (table above)"
 import sys, h5py, numpy as np, onnx, onnxruntime as ort
@@ -131,10 +135,27 @@ d = float(np.abs(prefix - want[:, :10]).max())
 print(f"gpt-tiny, the first 10 tokens alone: max |d| {d:.2e} (causal)")
 if d > 1e-4:
     bad.append("gpt-tiny prefix")
+# llama-tiny: rotary embeddings, grouped-query attention (2 kv heads), RMS norms, SwiGLU
+m = onnx.load("llama.onnx")
+onnx.checker.check_model(m, full_check=True)
+inits = {t.name for t in m.graph.initializer}
+assert "embed_tokens.wte" in inits and "lm_head.weight" in inits, "the Llama head is untied"
+s = ort.InferenceSession("llama.onnx", providers=["CPUExecutionProvider"])
+tok = np.load("llama/tokens.npy").astype(np.int32)
+want = np.load("llama/logits.npy")
+got = s.run(["logits"], {"input": tok})[0]
+assert got.shape == want.shape == (4, 24, 256), (got.shape, want.shape)
+row("llama-tiny", tok.size, float(np.abs(got - want).max()),
+    (got.argmax(-1) == want.argmax(-1)).mean(), {n.op_type for n in m.graph.node})
+prefix = s.run(["logits"], {"input": tok[:, :10]})[0]
+d = float(np.abs(prefix - want[:, :10]).max())
+print(f"llama-tiny, the first 10 tokens alone: max |d| {d:.2e} (causal, rotary positions from 0)")
+if d > 1e-4:
+    bad.append("llama-tiny prefix")
 print("opset", m.opset_import[0].version, "ir_version", m.ir_version)
 sys.exit(1 if bad else 0)
 EOF
-pass "ONNX export: checker (full) and ONNX Runtime agree with predict (and the GPT's forward)"
+pass "ONNX export: checker (full) and ONNX Runtime agree with predict (and the GPT's and the Llama's forward)"
 
 # ---- bad input at 2 ranks: one message, exit 1, nothing under --out -----------------------
 # refused SUBSTRING [env=VALUE] -- EXPORT-ARGS...: exit 1 (or 2 with RINGTRAIN_TEST_FAIL),

@@ -9,6 +9,9 @@
 //   onnx_fixture gpt2 DIR    the same for gpt2-124m at its full size (vocabulary 50257,
 //                            logits [4, 24, 50304]) and GPT-2's initialisation: run by
 //                            hand, too large for the e2e test
+//   onnx_fixture llama DIR   as gpt for a 2-layer llama-tiny (width 64, 4 heads, 2 kv heads,
+//                            ffn 96, context 32): rotary embeddings, grouped-query attention,
+//                            RMS norms, SwiGLU, an untied head
 //   onnx_fixture plugin DIR  a model with a plugin op (`custom { type: "test_identity" }`,
 //                            registered here as a plugin would) in DIR/ckpt-000000001.h5
 #include <mpi.h>
@@ -63,13 +66,21 @@ void save(Model& model, const std::string& dir) {
   store.save(MPI_COMM_NULL, m, params, {}, {}, buffers);
 }
 
-int gpt(const std::string& dir, kernels::Backend& backend, bool gpt2) {
+int gpt(const std::string& dir, kernels::Backend& backend, bool gpt2, bool llama = false) {
   const int64_t batch = 4, t = 24, vocab = gpt2 ? 50257 : 256;
   auto model =
-      gpt2 ? build_model("gpt2-124m", {t}, vocab, {}, DType::f32)
-           : build_model("gpt-tiny", {t}, vocab,
-                         {{"layers", "2"}, {"width", "64"}, {"heads", "4"}, {"context", "32"}},
-                         DType::f32);
+      gpt2    ? build_model("gpt2-124m", {t}, vocab, {}, DType::f32)
+      : llama ? build_model("llama-tiny", {t}, vocab,
+                            {{"layers", "2"},
+                             {"width", "64"},
+                             {"heads", "4"},
+                             {"kv_heads", "2"},
+                             {"ffn", "96"},
+                             {"context", "32"}},
+                            DType::f32)
+              : build_model("gpt-tiny", {t}, vocab,
+                            {{"layers", "2"}, {"width", "64"}, {"heads", "4"}, {"context", "32"}},
+                            DType::f32);
   model->init_parameters(7, backend);
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> u(-0.3f, 0.3f);
@@ -113,9 +124,10 @@ int main(int argc, char** argv) {
     auto backend = kernels::make_cpu_backend(1);
     if (argc == 3) std::filesystem::create_directories(argv[2]);
     if (what == "gpt" || what == "gpt2") rc = gpt(argv[2], *backend, what == "gpt2");
+    if (what == "llama") rc = gpt(argv[2], *backend, false, true);
     if (what == "plugin") rc = plugin(argv[2], *backend);
-    if (what != "gpt" && what != "gpt2" && what != "plugin")
-      std::fprintf(stderr, "usage: onnx_fixture gpt|gpt2|plugin DIR\n");
+    if (what != "gpt" && what != "gpt2" && what != "llama" && what != "plugin")
+      std::fprintf(stderr, "usage: onnx_fixture gpt|gpt2|llama|plugin DIR\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "onnx_fixture: %s\n", e.what());
     rc = 2;

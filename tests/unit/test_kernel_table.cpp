@@ -145,6 +145,28 @@ const std::map<std::string, OpCall>& op_calls() {
          be.layernorm_backward(x, y, g, mean, rstd, p.make({2, 3}, t), p.make({3}, f32),
                                p.make({3}, f32));
        }},
+      {"rmsnorm",
+       [](Backend& be, Pool& p, DType t) {
+         const Tensor x = p.make({2, 3}, t), y = p.make({2, 3}, t);
+         const Tensor g = p.make({3}, f32), rstd = p.make({2}, f32);
+         be.rmsnorm_forward(x, g, 1e-5f, y, rstd);
+         be.rmsnorm_backward(x, y, g, rstd, p.make({2, 3}, t), p.make({3}, f32));
+       }},
+      {"mul",
+       [](Backend& be, Pool& p, DType t) {
+         const Tensor a = p.make({5}, t), b = p.make({5}, t), y = p.make({5}, t);
+         be.mul(a, b, y);
+         be.mul_backward(a, b, y, p.make({5}, t), p.make({5}, t));
+       }},
+      {"rope",
+       [](Backend& be, Pool& p, DType t) {
+         const RopeConfig cfg{2, 1, 2, 10000.0};
+         const Tensor q = p.make({1, 2, 4}, t), k = p.make({1, 2, 2}, t), v = p.make({1, 2, 2}, t);
+         const Tensor qkv = p.make({1, 2, 12}, t);
+         be.rope_pack(cfg, q, k, v, qkv);
+         be.rope_pack_backward(cfg, qkv, p.make({1, 2, 4}, t), p.make({1, 2, 2}, t),
+                               p.make({1, 2, 2}, t));
+       }},
       {"attention",
        [](Backend& be, Pool& p, DType t) {
          const Tensor qkv = p.make({1, 2, 6}, t), out = p.make({1, 2, 2}, t);
