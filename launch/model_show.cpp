@@ -143,10 +143,12 @@ void show(const ModelShowConfig& c, const std::string& precision) {
     int64_t params = 0;
     std::set<std::string> shared;
     for (const auto& s : n.def->share()) shared.insert(s.param());
-    for (const auto& ps : nodes[i].layer->param_specs())
-      if (!shared.count(ps.name)) params += shape_numel(ps.shape);
+    for (const auto& ps : nodes[i].layer->param_specs()) {
+      if (shared.count(ps.name)) continue;
+      params += shape_numel(ps.shape);
+      if (nodes[i].layer->param_split(ps.name).split()) split_params += shape_numel(ps.shape);
+    }
     total_params += params;
-    if (!split_of[i].empty()) split_params += params;
     total_flops += n.flops;
     std::string ins;
     for (int in : n.inputs)
@@ -159,8 +161,8 @@ void show(const ModelShowConfig& c, const std::string& precision) {
                 split_of[i].empty() ? "" : cat(" [", split_of[i], "]").c_str());
   }
   if (t > 1)
-    std::printf("--tensor-parallel %d: %lld parameters per rank (%lld of split layers, 1/%d "
-                "each; %lld whole on every rank)\n",
+    std::printf("--tensor-parallel %d: %lld parameters per rank (%lld in parts of split "
+                "tensors, 1/%d each; %lld whole on every rank)\n",
                 t, static_cast<long long>(total_params), static_cast<long long>(split_params), t,
                 static_cast<long long>(total_params - split_params));
   std::printf(

@@ -77,7 +77,6 @@ struct ParamSpec {
   // The layer reads this parameter from the fp32 masters whatever the compute dtype (biases
   // and normalisation parameters): ZeRO-1 in fp16/bf16 keeps a full fp32 copy of these only.
   bool reads_fp32 = false;
-  TensorSplit split;  // a tensor-parallel layer's part of the parameter
 };
 
 struct Param {
@@ -89,7 +88,7 @@ struct Param {
   double std = 0;
   bool decay = true;        // weight decay applies (ParamSpec::decay unless the model file says)
   bool reads_fp32 = false;  // ParamSpec::reads_fp32
-  TensorSplit split;        // ParamSpec::split
+  TensorSplit split;        // Layer::param_split
   // fp32: the whole parameter; with sharded masters (Model::shard_masters) a full-size copy
   // for parameters read in fp32 and empty for the others.
   Tensor master;
@@ -138,6 +137,9 @@ class Layer {
                                             const TensorParallelGroup* /*group*/) {
     return "its op has no tensor-parallel form";
   }
+  // How the parameter `name` (a ParamSpec's) is this rank's part of the whole tensor after
+  // split_tensor_parallel; whole by default.
+  virtual TensorSplit param_split(const std::string& /*name*/) const { return {}; }
 
   // Output dtype override (the precision policy keeps the last layer's output in fp32).
   void set_output_dtype(DType t) {
@@ -235,6 +237,9 @@ class Linear final : public Layer {
   // / T (its output summed over the group, the bias added by the group's rank 0).
   std::string split_tensor_parallel(TensorSplitRole role, int64_t groups,
                                     const TensorParallelGroup* group) override;
+  TensorSplit param_split(const std::string& name) const override {
+    return name == "weight" ? weight_split_ : bias_split_;
+  }
 
  private:
   int64_t in_, out_;

@@ -75,7 +75,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text)
         }
       p.decay = node.decay.value_or(ps.decay);
       p.reads_fp32 = ps.reads_fp32;
-      p.split = ps.split;
+      p.split = layer->param_split(ps.name);
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       pd.binds.push_back({false, params_.size()});

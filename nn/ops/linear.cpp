@@ -14,11 +14,8 @@ using kernels::Activation;
 std::vector<ParamSpec> Linear::param_specs() const {
   const int64_t fan_in = fan_in_ ? fan_in_ : in_;
   std::vector<ParamSpec> specs{{"weight", {out_, in_}, fan_in, Init::fan_in_uniform, out_}};
-  specs[0].split = weight_split_;
-  if (has_bias_) {
+  if (has_bias_)
     specs.push_back({"bias", {out_}, fan_in, Init::fan_in_uniform, out_, 0, false, true});
-    specs[1].split = bias_split_;
-  }
   return specs;
 }
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Tensor parallelism (--tensor-parallel T, docs/scaling.md) on a small GPT (gpt-tiny with 2
 # layers, 4 heads, width 32, context 16) in fp32 against the same run without it:
-# - the gradient of the first step (read from a one-step SGD update with lr 1 against the
-#   initial weights) and the losses and parameters after AdamW steps of T = 2 (2 ranks) and
-#   T = 2 x D = 2 (4 ranks) within 1e-6 of T = 1 (relative: per tensor, per step's loss);
+# - T = 2 (2 ranks) and T = 2 x D = 2 (4 ranks) against T = 1: the gradient of the first
+#   step within 1e-6 per tensor (relative L2; g = p(lr 1) - p(lr 2) of one SGD step from the
+#   same initial weights), the loss of each of 16 AdamW steps within 1e-6 (relative), and
+#   the parameters and AdamW state after them within 1e-5 (see close_params);
 # - checkpoints stay global: a 2 x 2 run's checkpoint continues on 1 x 3 ranks, and a
-#   1 x 1 run's on 2 x 1, each leg within 1e-6 of the uninterrupted T = 1 run;
+#   1 x 1 run's on 2 x 1, each leg's losses within 1e-6 of the uninterrupted T = 1 run's;
 # - a rank of a tensor-parallel group failing in backward or forward, or stalling before a
 #   step, ends the job (exit 2, one message, within seconds), and bad groupings are exit 1
 #   naming the option and the node;
@@ -37,8 +38,10 @@ steps=16
 train() {
   local name=$1 n=$2 t=$3
   shift 3
+  local rc=0
   mpi "$n" "$BIN" train "${common[@]}" --tensor-parallel "$t" --checkpoint-dir "$name" \
-    --metrics "$name.jsonl" "$@" >"$name.out" 2>&1 || { cat "$name.out"; fail "$name exited $?"; }
+    --metrics "$name.jsonl" "$@" >"$name.out" 2>&1 || rc=$?
+  [[ $rc -eq 0 ]] || { cat "$name.out"; fail "$name exited $rc"; }
 }
 # close_losses A.jsonl B.jsonl FIRST LAST: the step losses of B at steps FIRST..LAST within
 # 1e-6 (relative) of A's; prints the largest difference.
@@ -57,14 +60,20 @@ print(f"{worst:.3g}")
 sys.exit(0 if worst <= 1e-6 else 1)
 PYEOF
 }
-# close_params A.h5 B.h5 [BASE.h5]: every /params tensor of B within 1e-6 (relative L2) of
-# A's; with BASE, the differences A - BASE and B - BASE compared instead (gradients from a
-# one-step update). Also the optimizer state unless BASE. Prints the largest.
+# close_params A.h5 B.h5 TOL [BASE.h5]: every /params tensor of B within TOL (relative L2)
+# of A's, and the optimizer state; with BASE, the differences A - BASE and B - BASE compared
+# instead (BASE one SGD step with lr 2, A and B with lr 1 from the same weights: A - BASE is
+# A's gradient g_A, B - BASE is 2 g_A - g_B, so their difference is g_B - g_A). After AdamW
+# steps the key part of each qkv bias is left out: its gradient is zero in exact arithmetic
+# (softmax ignores a score added to every key), about 1e-11 here, so AdamW's normalised
+# update makes its values rounding noise under any change of summation order (data
+# parallelism too: 2e-4 relative between 1 and 2 ranks). Prints the largest.
 close_params() {
   $PY - "$@" <<'PYEOF'
 import sys, h5py, numpy as np
-a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
-base = h5py.File(sys.argv[3], "r") if len(sys.argv) > 3 else None
+a, b, tol = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r"), float(sys.argv[3])
+base = h5py.File(sys.argv[4], "r") if len(sys.argv) > 4 else None
+C = 32
 names = []
 groups = ["params"] if base else ["params", "optimizer"]
 for g in groups:
@@ -75,6 +84,8 @@ for n in names:
     x, y = a[n][...].astype(np.float64), b[n][...].astype(np.float64)
     if base is not None:
         x, y = x - base[n][...], y - base[n][...]
+    elif "qkv.bias" in n:
+        x, y = np.delete(x, range(C, 2 * C)), np.delete(y, range(C, 2 * C))
     if np.linalg.norm(x) == 0:
         assert np.linalg.norm(y) == 0, n
         continue
@@ -82,34 +93,41 @@ for n in names:
     if rel > worst:
         worst, where = rel, n
 print(f"{worst:.3g} ({where})")
-sys.exit(0 if worst <= 1e-6 else 1)
+sys.exit(0 if worst <= tol else 1)
 PYEOF
 }
 
-# ---- the first step's gradient: SGD with lr 1 (p1 = p0 - g), lr 0 gives p0 ---------------
+# ---- the first step's gradient: one SGD step, p0 - lr g --------------------------------
 sgd=(--optimizer sgd --momentum 0 --weight-decay 0 --steps 1)
-train g0 1 1 "${sgd[@]}" --lr 0
+train g2 1 1 "${sgd[@]}" --lr 2
 train g1 1 1 "${sgd[@]}" --lr 1
 for grid in "2 2" "4 2"; do
   read -r n t <<<"$grid"
   train "g-$n-$t" "$n" "$t" "${sgd[@]}" --lr 1
   contains "tensor-parallel $t x data-parallel $((n / t))" <"g-$n-$t.out" ||
     fail "the start-up line does not show the grid: $(head -3 "g-$n-$t.out")"
-  d=$(close_params g1/ckpt-000000001.h5 "g-$n-$t/ckpt-000000001.h5" g0/ckpt-000000001.h5) ||
+  d=$(close_params g1/ckpt-000000001.h5 "g-$n-$t/ckpt-000000001.h5" 1e-6 g2/ckpt-000000001.h5) ||
     fail "T=$t x D=$((n / t)): the first step's gradient differs from T=1 by $d (relative L2) > 1e-6"
   pass "T=$t x D=$((n / t)) first-step gradient = T=1's: worst tensor relative L2 $d (<= 1e-6)"
 done
 
 # ---- AdamW: losses of every step and the final parameters and optimizer state ------------
+# The losses within 1e-6; the state after 16 steps within 1e-5 (AdamW divides by the root of
+# the second moment, which grows rounding differences in small gradients); data parallelism
+# without tensor parallelism (1 x 2) measured beside it as the reference for that growth.
 train ref 1 1 "${adamw[@]}" --steps $steps --checkpoint-every 8
+train dp 2 1 "${adamw[@]}" --steps $steps --checkpoint-every 8
+dpl=$(close_losses ref.jsonl dp.jsonl 1 $steps) || true
+dpp=$(close_params ref/ckpt-0000000$steps.h5 dp/ckpt-0000000$steps.h5 1) || true
+echo "reference: 1 x 2 (data-parallel only) against 1 x 1: losses within $dpl, state within $dpp"
 for grid in "2 2" "4 2"; do
   read -r n t <<<"$grid"
   train "a-$n-$t" "$n" "$t" "${adamw[@]}" --steps $steps --checkpoint-every 8
   d=$(close_losses ref.jsonl "a-$n-$t.jsonl" 1 $steps) ||
     fail "T=$t x D=$((n / t)): losses differ from T=1 by $d (relative) > 1e-6"
-  p=$(close_params ref/ckpt-0000000$steps.h5 "a-$n-$t/ckpt-0000000$steps.h5") ||
-    fail "T=$t x D=$((n / t)): parameters after $steps steps differ from T=1 by $p > 1e-6"
-  pass "T=$t x D=$((n / t)) = T=1 over $steps AdamW steps: losses within $d, parameters and optimizer state within $p (relative, <= 1e-6)"
+  p=$(close_params ref/ckpt-0000000$steps.h5 "a-$n-$t/ckpt-0000000$steps.h5" 1e-5) ||
+    fail "T=$t x D=$((n / t)): the state after $steps steps differs from T=1 by $p > 1e-5"
+  pass "T=$t x D=$((n / t)) = T=1 over $steps AdamW steps: losses within $d (<= 1e-6), parameters and optimizer state within $p (<= 1e-5)"
 done
 first=$($PY -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1])][1]["loss"])' ref.jsonl)
 $PY -c 'import sys,json
@@ -122,15 +140,15 @@ cp a-4-2/ckpt-000000008.h5 r22/
 train r22 3 1 "${adamw[@]}" --steps $steps --checkpoint-every 8
 contains "resumed from r22/ckpt-000000008.h5 at step 8" <r22.out || fail "2x2 -> 1x3 did not resume"
 d=$(close_losses ref.jsonl r22.jsonl 9 $steps) || fail "2x2 -> 1x3: losses differ by $d > 1e-6"
-p=$(close_params ref/ckpt-0000000$steps.h5 r22/ckpt-0000000$steps.h5) ||
-  fail "2x2 -> 1x3: parameters differ by $p > 1e-6"
+p=$(close_params ref/ckpt-0000000$steps.h5 r22/ckpt-0000000$steps.h5 1e-5) ||
+  fail "2x2 -> 1x3: the final state differs by $p > 1e-5"
 pass "restart 2x2 -> 1x3 at step 8: losses of steps 9-$steps within $d, final state within $p of T=1"
 cp ref/ckpt-000000008.h5 r11/
 train r11 2 2 "${adamw[@]}" --steps $steps --checkpoint-every 8
 contains "resumed from r11/ckpt-000000008.h5 at step 8" <r11.out || fail "1x1 -> 2x1 did not resume"
 d=$(close_losses ref.jsonl r11.jsonl 9 $steps) || fail "1x1 -> 2x1: losses differ by $d > 1e-6"
-p=$(close_params ref/ckpt-0000000$steps.h5 r11/ckpt-0000000$steps.h5) ||
-  fail "1x1 -> 2x1: parameters differ by $p > 1e-6"
+p=$(close_params ref/ckpt-0000000$steps.h5 r11/ckpt-0000000$steps.h5 1e-5) ||
+  fail "1x1 -> 2x1: the final state differs by $p > 1e-5"
 pass "restart 1x1 -> 2x1 at step 8: losses of steps 9-$steps within $d, final state within $p of T=1"
 
 # ---- failures and refusals: exit code, one message, every rank ends ----------------------
@@ -181,6 +199,6 @@ whole = V*C + T*C + L*(2*2*C + 2*C) + 2*C
 split = L*((3*C*C + 3*C)//2 + C*C//2 + (4*C*C + 4*C)//2 + 4*C*C//2)
 print(whole + split, split)')
 read -r total split <<<"$want"
-contains "$total parameters per rank ($split of split layers" <<<"$out" ||
+contains "$total parameters per rank ($split in parts of split tensors" <<<"$out" ||
   fail "model show: expected $total parameters per rank ($split split): $(tail -2 <<<"$out")"
 pass "model show --tensor-parallel 2: split nodes marked, $total parameters per rank"
