@@ -437,14 +437,14 @@ void select_axis_ranges(hid_t space, const Shape& shape, int axis,
   for (const auto& [b, e] : ranges) {
     start[size_t(axis)] = hsize_t(b);
     count[size_t(axis)] = hsize_t(e - b);
-    H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(),
-                                 nullptr));
+    H5_CHECK(
+        H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
   }
 }
 
 void read_dataset_ranges(hid_t loc, const std::string& name, const Shape& shape, int axis,
-                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                         const Tensor& dst, const std::string& what) {
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, const Tensor& dst,
+                         const std::string& what) {
   RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");
   H5Id ds = open_dataset(loc, name);
   const Shape have = dataset_shape(ds);
@@ -455,8 +455,8 @@ void read_dataset_ranges(hid_t loc, const std::string& name, const Shape& shape,
   if (n == 0) return;
   H5Id fspace(H5_CHECK(H5Dget_space(ds)));
   select_axis_ranges(fspace, shape, axis, ranges);
-  RT_CHECK(int64_t(H5Sget_select_npoints(fspace)) == n, "dataset '", name, "': ",
-           H5Sget_select_npoints(fspace), " elements selected for a part of ", n);
+  RT_CHECK(int64_t(H5Sget_select_npoints(fspace)) == n, "dataset '", name,
+           "': ", H5Sget_select_npoints(fspace), " elements selected for a part of ", n);
   const hsize_t mdims[1] = {hsize_t(n)};
   H5Id mspace(H5_CHECK(H5Screate_simple(1, mdims, nullptr)));
   herr_t rc = H5Dread(ds, h5_type(dst.dtype), mspace, fspace, H5P_DEFAULT, dst.data);

@@ -150,8 +150,8 @@ void select_axis_ranges(hid_t space, const Shape& shape, int axis,
                         const std::vector<std::pair<int64_t, int64_t>>& ranges);
 // Reads that selection of dataset `name` (of `shape`) into dst (its numel elements).
 void read_dataset_ranges(hid_t loc, const std::string& name, const Shape& shape, int axis,
-                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                         const Tensor& dst, const std::string& what);
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, const Tensor& dst,
+                         const std::string& what);
 // Reads the flat elements [lo, lo + dst.numel()) of dataset `name` of shape `shape` into dst
 // (input error naming `what` when the dataset is missing, misshapen or unreadable).
 void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,

@@ -161,10 +161,11 @@ void show(const ModelShowConfig& c, const std::string& precision) {
                 split_of[i].empty() ? "" : cat(" [", split_of[i], "]").c_str());
   }
   if (t > 1)
-    std::printf("--tensor-parallel %d: %lld parameters per rank (%lld in parts of split "
-                "tensors, 1/%d each; %lld whole on every rank)\n",
-                t, static_cast<long long>(total_params), static_cast<long long>(split_params), t,
-                static_cast<long long>(total_params - split_params));
+    std::printf(
+        "--tensor-parallel %d: %lld parameters per rank (%lld in parts of split "
+        "tensors, 1/%d each; %lld whole on every rank)\n",
+        t, static_cast<long long>(total_params), static_cast<long long>(split_params), t,
+        static_cast<long long>(total_params - split_params));
   std::printf(
       "total: %zu nodes, %lld parameters (%s fp32 masters), %s FLOPs/sample forward "
       "(about 3x that per trained sample)\n",

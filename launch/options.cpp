@@ -302,10 +302,10 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
              " with --zero ", c.zero,
              ": ZeRO over the data-parallel dimension of a tensor-parallel run is not built yet; "
              "use --zero 0");
-  RT_REQUIRE(c.tensor_parallel == 1 || c.device != "cuda", "--tensor-parallel ",
-             c.tensor_parallel,
-             " with --device cuda: this build splits layers with MPI collectives on the host only "
-             "(no NCCL tensor-parallel communicators yet); use --device cpu or --tensor-parallel 1");
+  RT_REQUIRE(
+      c.tensor_parallel == 1 || c.device != "cuda", "--tensor-parallel ", c.tensor_parallel,
+      " with --device cuda: this build splits layers with MPI collectives on the host only "
+      "(no NCCL tensor-parallel communicators yet); use --device cpu or --tensor-parallel 1");
   RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
              "' is not valid; expected none or blocks");
   if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now

@@ -94,8 +94,8 @@ std::vector<TensorSplitNode> plan_tensor_parallel(const ModelPlan& plan, int t) 
 void apply_tensor_parallel(std::vector<GraphNode>& nodes, const ModelPlan& plan,
                            const std::vector<TensorSplitNode>& split,
                            const TensorParallelGroup* group) {
-  RT_CHECK(nodes.size() == plan.nodes.size(), "tensor parallelism: ", nodes.size(),
-           " layers for ", plan.nodes.size(), " planned nodes");
+  RT_CHECK(nodes.size() == plan.nodes.size(), "tensor parallelism: ", nodes.size(), " layers for ",
+           plan.nodes.size(), " planned nodes");
   for (const TensorSplitNode& s : split) {
     Layer& layer = *nodes[s.node].layer;
     const std::string why = layer.split_tensor_parallel(s.role, s.groups, group);

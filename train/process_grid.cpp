@@ -38,9 +38,8 @@ void ProcessGrid::require_placement() const {
   RT_REQUIRE(t >= 1 && w % t == 0, "--tensor-parallel ", t, " does not divide the ", w,
              " ranks; use a T that divides the rank count (ranks = T x data-parallel groups)");
   for (int q = 0; q < w; ++q)
-    RT_REQUIRE(local_sizes_[size_t(q)] % t == 0, "--tensor-parallel ", t,
-               " does not divide the ", local_sizes_[size_t(q)], " ranks of node ",
-               nodes_[size_t(q)], " (rank ", q,
+    RT_REQUIRE(local_sizes_[size_t(q)] % t == 0, "--tensor-parallel ", t, " does not divide the ",
+               local_sizes_[size_t(q)], " ranks of node ", nodes_[size_t(q)], " (rank ", q,
                "'s); a tensor-parallel group must be on one node: start a multiple of ", t,
                " ranks per node");
   for (int q = 0; q < w; ++q)
@@ -74,11 +73,10 @@ std::string ProcessGrid::describe() const {
       groups += ", ...";
       break;
     }
-    groups += cat(g ? ", " : "", g * tp_, "-", g * tp_ + tp_ - 1, " on node ",
-                  nodes_[size_t(g * tp_)]);
+    groups +=
+        cat(g ? ", " : "", g * tp_, "-", g * tp_ + tp_ - 1, " on node ", nodes_[size_t(g * tp_)]);
   }
-  return cat("tensor-parallel ", tp_, " x data-parallel ", dp_, " (groups of ranks ", groups,
-             ")");
+  return cat("tensor-parallel ", tp_, " x data-parallel ", dp_, " (groups of ranks ", groups, ")");
 }
 
 }  // namespace ringtrain::launch

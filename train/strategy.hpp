@@ -160,14 +160,12 @@ class ParallelStrategy {
 // --tensor-parallel T > 1: tensor-parallel over `grid`, data-parallel over its DP
 // communicator).
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
-                                                const ProcessGrid& grid,
-                                                kernels::Backend& backend, Model& model,
-                                                StepObservers& observers);
+                                                const ProcessGrid& grid, kernels::Backend& backend,
+                                                Model& model, StepObservers& observers);
 // strategy_tensor.cpp: --tensor-parallel T > 1 with --zero 0.
 std::unique_ptr<ParallelStrategy> make_tensor_parallel(const ProcessGrid& grid,
                                                        kernels::Backend& backend, Model& model,
-                                                       DType precision,
-                                                       StepObservers& observers);
+                                                       DType precision, StepObservers& observers);
 std::unique_ptr<ParallelStrategy> make_replicated(comm::Communicator& comm,
                                                   kernels::Backend& backend, Model& model,
                                                   DType precision, StepObservers& observers);

@@ -13,8 +13,8 @@ namespace {
 
 class TensorParallel final : public ParallelStrategy {
  public:
-  TensorParallel(const ProcessGrid& grid, kernels::Backend& backend, Model& model,
-                 DType precision, StepObservers& observers)
+  TensorParallel(const ProcessGrid& grid, kernels::Backend& backend, Model& model, DType precision,
+                 StepObservers& observers)
       : ParallelStrategy(grid.dp_comm(), backend, model, precision, observers), grid_(grid) {}
 
   // Every rank draws its own part of the whole tensors from the seed (model.cpp): the same
@@ -117,8 +117,7 @@ class TensorParallel final : public ParallelStrategy {
 
 std::unique_ptr<ParallelStrategy> make_tensor_parallel(const ProcessGrid& grid,
                                                        kernels::Backend& backend, Model& model,
-                                                       DType precision,
-                                                       StepObservers& observers) {
+                                                       DType precision, StepObservers& observers) {
   return std::make_unique<TensorParallel>(grid, backend, model, precision, observers);
 }
 

@@ -141,8 +141,8 @@ Trainer::UnscaledGrads Trainer::agree_on_step(const kernels::XentResult& xent,
   // The ranks of a tensor-parallel group compute the same loss: its rank 0 counts it.
   const bool counts_loss = grid_->tp_rank() == 0;
   double reduced[6] = {counts_loss ? xent.loss_sum : 0., counts_loss ? double(xent.correct) : 0.,
-                       stop_requested() ? 1. : 0.,
-                       save_due ? 1. : 0., mine.nonfinite ? 1. : 0., mine.sum_sq};
+                       stop_requested() ? 1. : 0.,       save_due ? 1. : 0.,
+                       mine.nonfinite ? 1. : 0.,         mine.sum_sq};
   comm_.allreduce(reduced, 6, DType::f64, comm::ReduceOp::sum);
   if (reduced[2] > 0) {  // rare: which rank (the lowest) received which signal
     int64_t who =
@@ -382,10 +382,10 @@ bool Trainer::run_eval() {
 int Trainer::run() {
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
           " node(s), ", grid_->tp() > 1 ? grid_->describe() + ", " : std::string(), "device ",
-          device_str(device_), ", ", backend_->threads(),
-          " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
-          dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
-          ", global batch ", global_batch_, " (", micro_batch_, "/rank",
+          device_str(device_), ", ", backend_->threads(), " thread(s)/rank (from ",
+          threads_rule(cfg_.threads, comm_), "), precision ", dtype_name(cfg_.precision),
+          cfg_.precision == DType::f32 ? "" : " (fp32 masters)", ", global batch ", global_batch_,
+          " (", micro_batch_, "/rank",
           grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",

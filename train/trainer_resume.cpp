@@ -108,12 +108,12 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   // grad_accum micro-batches, so the samples of a step do not depend on ranks or K.
   if (tokens_) {
     RT_REQUIRE(cfg_.augment.empty(), "--augment is for images; token data takes none");
-    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, dp_rank(),
-                                           dp_size(), cfg_.prefetch);
+    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, dp_rank(), dp_size(),
+                                           cfg_.prefetch);
   } else {
-    loader_ = std::make_unique<io::Loader>(
-        *data_, cfg_.seed, global_batch_, dp_rank(), dp_size(), norm_, cfg_.prefetch,
-        io::parse_augment(cfg_.augment), model_->loss().target_kind() != TargetKind::labels);
+    loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, dp_rank(), dp_size(),
+                                           norm_, cfg_.prefetch, io::parse_augment(cfg_.augment),
+                                           model_->loss().target_kind() != TargetKind::labels);
   }
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
@@ -141,9 +141,8 @@ int64_t Trainer::resume_grad_accum(const io::CheckpointMeta& m, int64_t g) const
 }
 
 void Trainer::start_from(const std::string& path) {
-  const int64_t requested = cfg_.global_batch_size
-                                ? cfg_.global_batch_size
-                                : cfg_.batch_size * dp_size() * cfg_.grad_accum;
+  const int64_t requested = cfg_.global_batch_size ? cfg_.global_batch_size
+                                                   : cfg_.batch_size * dp_size() * cfg_.grad_accum;
   if (path.empty()) {  // the strategy makes them every rank's afterwards (start_weights)
     make_loader(requested, cfg_.grad_accum);
     if (strategy_->initializes_parameters()) model_->init_parameters(cfg_.seed, *backend_);
