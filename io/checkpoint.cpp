@@ -194,7 +194,9 @@ void read_checked(hid_t f, int fd, const std::string& path, const std::string& n
   const Tensor& t = nt.tensor;
   if (nt.full_shape.empty()) {
     if (!read_chunks_direct(f, fd, name, t, what)) read_dataset(f, name, t, what);
-  } else
+  } else if (nt.split_axis >= 0)
+    read_dataset_ranges(f, name, nt.full_shape, nt.split_axis, nt.split_ranges, t, what);
+  else
     read_dataset_part(f, name, nt.full_shape, nt.part_offset, t, what);
   const std::string bad = impossible_values(name, static_cast<const float*>(t.data), t.numel());
   RT_REQUIRE(bad.empty(), what, " is damaged: ", bad);

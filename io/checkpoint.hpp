@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -61,6 +62,13 @@ struct NamedTensor {
   // stores. Empty: `tensor` is whole.
   Shape full_shape;
   int64_t part_offset = 0;
+  // A tensor-parallel part (split_axis >= 0): `tensor` holds the ranges split_ranges along
+  // split_axis of the full-shape tensor (all of its other axes), concatenated; part_offset
+  // unused. `writes` false: this rank reads its part but another rank holding the same part
+  // writes it (data-parallel replicas of a part).
+  int split_axis = -1;
+  std::vector<std::pair<int64_t, int64_t>> split_ranges;
+  bool writes = true;
   const Shape& logical_shape() const { return full_shape.empty() ? tensor.shape : full_shape; }
 };
 

@@ -144,10 +144,16 @@ class Writer {
     H5Id ds = create(loc, name, t.dtype, shape, chunk_rows_of(shape, t.dtype));
     if (shape_numel(shape) == 0) return;
     H5Id fspace(H5_CHECK(H5Dget_space(ds)));
-    select_flat_range(fspace, shape, nt.part_offset, t.numel());
+    const bool none = t.numel() == 0 || !nt.writes;
+    if (none)
+      H5_CHECK(H5Sselect_none(fspace));
+    else if (nt.split_axis >= 0)
+      select_axis_ranges(fspace, shape, nt.split_axis, nt.split_ranges);
+    else
+      select_flat_range(fspace, shape, nt.part_offset, t.numel());
     const hsize_t mdims[1] = {hsize_t(std::max<int64_t>(t.numel(), 1))};
     H5Id mspace(H5_CHECK(H5Screate_simple(1, mdims, nullptr)));
-    if (t.numel() == 0) H5_CHECK(H5Sselect_none(mspace));  // still a collective transfer
+    if (none) H5_CHECK(H5Sselect_none(mspace));  // still a collective transfer
     H5_CHECK(H5Dwrite(ds, h5_type(t.dtype), mspace, fspace, dxpl_, t.data));
   }
 

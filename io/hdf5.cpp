@@ -430,6 +430,40 @@ void select_flat_range(hid_t space, const Shape& shape, int64_t lo, int64_t n) {
   add_flat_range(space, dims, 0, start, count, hsize_t(lo), hsize_t(n));
 }
 
+void select_axis_ranges(hid_t space, const Shape& shape, int axis,
+                        const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  H5_CHECK(H5Sselect_none(space));
+  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+  for (const auto& [b, e] : ranges) {
+    start[size_t(axis)] = hsize_t(b);
+    count[size_t(axis)] = hsize_t(e - b);
+    H5_CHECK(
+        H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
+  }
+}
+
+void read_dataset_ranges(hid_t loc, const std::string& name, const Shape& shape, int axis,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, const Tensor& dst,
+                         const std::string& what) {
+  RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");
+  H5Id ds = open_dataset(loc, name);
+  const Shape have = dataset_shape(ds);
+  RT_REQUIRE(have == shape, what, ": dataset '", name, "' has shape ", shape_str(have),
+             "; expected ", shape_str(shape));
+  require_stored_dtype(ds, name, dst.dtype, what);
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  H5Id fspace(H5_CHECK(H5Dget_space(ds)));
+  select_axis_ranges(fspace, shape, axis, ranges);
+  RT_CHECK(int64_t(H5Sget_select_npoints(fspace)) == n, "dataset '", name,
+           "': ", H5Sget_select_npoints(fspace), " elements selected for a part of ", n);
+  const hsize_t mdims[1] = {hsize_t(n)};
+  H5Id mspace(H5_CHECK(H5Screate_simple(1, mdims, nullptr)));
+  herr_t rc = H5Dread(ds, h5_type(dst.dtype), mspace, fspace, H5P_DEFAULT, dst.data);
+  RT_REQUIRE(rc >= 0, what, ": dataset '", name, "' could not be read (", h5_error_stack(),
+             "); the file may be corrupt");
+}
+
 void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,
                        const Tensor& dst, const std::string& what) {
   RT_REQUIRE(has_link(loc, name), what, " has no dataset '", name, "'");

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -142,6 +143,15 @@ void read_dataset(hid_t loc, const std::string& name, const Tensor& dst, const s
 // Selects in `space` (a dataspace of row-major `shape`) the flat elements [lo, lo + n), as a
 // union of at most 2 x rank - 1 hyperslabs: a rank's part of a sharded tensor.
 void select_flat_range(hid_t space, const Shape& shape, int64_t lo, int64_t n);
+// Selects the [begin, end) ranges (increasing, disjoint) along `axis` of a dataset of
+// `shape`, all of every other axis: in row-major order, the elements of the tensor that
+// concatenates those ranges along the axis (a tensor-parallel part). No ranges: nothing.
+void select_axis_ranges(hid_t space, const Shape& shape, int axis,
+                        const std::vector<std::pair<int64_t, int64_t>>& ranges);
+// Reads that selection of dataset `name` (of `shape`) into dst (its numel elements).
+void read_dataset_ranges(hid_t loc, const std::string& name, const Shape& shape, int axis,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, const Tensor& dst,
+                         const std::string& what);
 // Reads the flat elements [lo, lo + dst.numel()) of dataset `name` of shape `shape` into dst
 // (input error naming `what` when the dataset is missing, misshapen or unreadable).
 void read_dataset_part(hid_t loc, const std::string& name, const Shape& shape, int64_t lo,

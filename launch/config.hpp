@@ -54,6 +54,7 @@ struct ModelShowConfig {
   // --plan: the memory plan per rank (train/memory_plan.hpp) instead of the layer table.
   bool plan = false;
   int ranks = 1, zero = 0;
+  int tensor_parallel = 1;         // T > 1: what each block splits and the parameters per rank
   std::string recompute = "none";  // none | blocks
   int64_t batch_size = TrainConfig::kDefaultBatchSize, seq_len = 0, grad_accum = 1;
   std::string optimizer = "adamw";

@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "launch/commands.hpp"
 #include "launch/config.hpp"
+#include "nn/tensor_parallel.hpp"
 #include "ringtrain/model.pb.h"
 #include "train/job.hpp"
 #include "train/memory_plan.hpp"
@@ -116,20 +117,37 @@ void show(const ModelShowConfig& c, const std::string& precision) {
   f.add_layer_precision(c.layer_precision);  // checked by plan_model, as for train
   if (c.plan) return show_plan(f, c, parse_float_dtype(precision, "--precision"));
   const ModelPlan plan = plan_model(f);
-  const auto nodes = make_graph_nodes(f, plan);  // also checks init and share
+  auto nodes = make_graph_nodes(f, plan);  // also checks init and share
+  // --tensor-parallel T: rank 0's part of each split node (every rank's is the same size).
+  const int t = c.tensor_parallel;
+  TensorParallelGroup group{0, t, nullptr};
+  std::vector<std::string> split_of(plan.nodes.size());
+  if (t > 1) {
+    const auto split = plan_tensor_parallel(plan, t);
+    apply_tensor_parallel(nodes, plan, split, &group);
+    for (const auto& sn : split) split_of[sn.node] = tensor_split_role_name(sn.role);
+  }
   std::printf("model '%s' (%s): input %s, %lld classes\n", f.name().c_str(), f.origin().c_str(),
               shape_str(plan.input).c_str(), static_cast<long long>(plan.classes));
+  if (t > 1)
+    std::printf("--tensor-parallel %d: params are one rank's; split: %s\n", t,
+                "column-parallel = 1/T of the outputs, row-parallel = 1/T of the inputs (output "
+                "summed over the group), heads split = 1/T of the heads; other nodes whole on "
+                "every rank");
   std::printf("%-28s %-16s %-16s %12s %14s  %-5s %s\n", "node", "op", "output", "params",
               "FLOPs/sample", "dtype", "inputs");
-  int64_t total_params = 0;
+  int64_t total_params = 0, split_params = 0;
   double total_flops = 0;
   for (size_t i = 0; i < plan.nodes.size(); ++i) {
     const PlannedNode& n = plan.nodes[i];
     int64_t params = 0;
     std::set<std::string> shared;
     for (const auto& s : n.def->share()) shared.insert(s.param());
-    for (const auto& ps : nodes[i].layer->param_specs())
-      if (!shared.count(ps.name)) params += shape_numel(ps.shape);
+    for (const auto& ps : nodes[i].layer->param_specs()) {
+      if (shared.count(ps.name)) continue;
+      params += shape_numel(ps.shape);
+      if (nodes[i].layer->param_split(ps.name).split()) split_params += shape_numel(ps.shape);
+    }
     total_params += params;
     total_flops += n.flops;
     std::string ins;
@@ -137,10 +155,17 @@ void show(const ModelShowConfig& c, const std::string& precision) {
       ins +=
           (ins.empty() ? "" : ", ") + (in < 0 ? std::string("input") : plan.nodes[size_t(in)].name);
     const std::string dtype = n.dtype ? dtype_name(*n.dtype) : precision;
-    std::printf("%-28s %-16s %-16s %12lld %14s  %-5s %s%s\n", n.name.c_str(), n.op.c_str(),
+    std::printf("%-28s %-16s %-16s %12lld %14s  %-5s %s%s%s\n", n.name.c_str(), n.op.c_str(),
                 shape_str(n.out).c_str(), static_cast<long long>(params), human(n.flops).c_str(),
-                dtype.c_str(), ins.c_str(), shared.empty() ? "" : " (shares parameters)");
+                dtype.c_str(), ins.c_str(), shared.empty() ? "" : " (shares parameters)",
+                split_of[i].empty() ? "" : cat(" [", split_of[i], "]").c_str());
   }
+  if (t > 1)
+    std::printf(
+        "--tensor-parallel %d: %lld parameters per rank (%lld in parts of split "
+        "tensors, 1/%d each; %lld whole on every rank)\n",
+        t, static_cast<long long>(total_params), static_cast<long long>(split_params), t,
+        static_cast<long long>(total_params - split_params));
   std::printf(
       "total: %zu nodes, %lld parameters (%s fp32 masters), %s FLOPs/sample forward "
       "(about 3x that per trained sample)\n",
@@ -182,6 +207,7 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
         ("set", po::value<std::vector<std::string>>()->composing(), "VAR=VALUE: set a var of the model file")
         ("plugin", po::value<std::vector<std::string>>(&c.plugins)->composing(), "LIB.so: load a plugin's ops")
         ("plan", po::bool_switch(&c.plan), "print the memory plan per rank instead of the layer table (nothing is allocated)")
+        ("tensor-parallel", po::value(&c.tensor_parallel)->default_value(1), "T: show what each transformer block splits across T ranks and the parameters per rank (as train --tensor-parallel T)")
         ("ranks", po::value(&c.ranks)->default_value(1), "--plan: ranks W")
         ("zero", po::value(&c.zero)->default_value(0), "--plan: ZeRO stage 0 to 3")
         ("recompute", po::value(&c.recompute)->default_value("none"), "--plan: none | blocks (repeat bodies' activations recomputed in backward)")
@@ -216,6 +242,11 @@ int cmd_model(const std::vector<std::string>& args, comm::Communicator& comm) {
     RT_REQUIRE(precision == "fp32" || precision == "fp16" || precision == "bf16", "--precision '",
                precision, "' is not known; expected fp32, fp16 or bf16");
     RT_REQUIRE(c.ranks >= 1, "--ranks ", c.ranks, " is not valid; expected a positive number");
+    RT_REQUIRE(c.tensor_parallel >= 1, "--tensor-parallel ", c.tensor_parallel,
+               " is not valid; expected a positive number");
+    RT_REQUIRE(!c.plan || c.tensor_parallel == 1,
+               "--plan with --tensor-parallel: the memory plan of a split model is not built "
+               "yet; drop --plan to see the parameters per rank");
     RT_REQUIRE(c.zero >= 0 && c.zero <= 3, "--zero ", c.zero,
                " is not valid; expected 0, 1, 2 or 3");
     RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,

@@ -165,6 +165,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("bucket-mb", value_or_default(&c.bucket_mb), "gradient bucket size in MiB")
       ("no-overlap", po::bool_switch(&no_overlap), "allreduce the buckets after backward, not during it")
       ("zero", value_or_default(&c.zero), "0 | 1 | 2 | 3: 1 = ZeRO-1, the fp32 masters, optimizer state and fp32 gradients sharded across ranks (reduce-scatter, shard update, all-gather); 2 = ZeRO-2, also no whole gradient: each bucket exists only until it is reduce-scattered, every micro-batch reduced; 3 = ZeRO-3, also no whole working weights: each block's parameters are all-gathered before its forward and its backward and freed after")
+      ("tensor-parallel", value_or_default(&c.tensor_parallel), "T: split each transformer block's linear layers and attention heads across T consecutive ranks of one node (Megatron-style; T divides the ranks per node); the ranks form T x D, gradients reduced over D")
       ("recompute", value_or_default(&c.recompute), "none | blocks: free the activations of each repeat body of the model (a transformer block) after its forward and compute them again before its backward (less memory, one more forward; the same results)")
       ("memory-budget", po::value(&c.memory_budget), "BYTES[K|M|G|T] | auto: refuse to start when the memory plan of a rank exceeds this (auto: the cgroup's or address-space limit, or physical memory, shared by the node's ranks; on a GPU its memory)")
       ("stall-timeout", value_or_default(&c.stall_timeout), "seconds in a gradient allreduce before the job ends with exit 2 (0: never)");
@@ -317,6 +318,16 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
   RT_REQUIRE(c.zero != 3 || c.device != "cuda",
              "--zero 3 gathers parameters and keeps gradient buckets in host memory; this build "
              "has no device path for it (use --zero 1 with --device cuda)");
+  RT_REQUIRE(c.tensor_parallel >= 1, "--tensor-parallel ", c.tensor_parallel,
+             " is not valid; expected a group size of 1 or more");
+  RT_REQUIRE(c.tensor_parallel == 1 || c.zero == 0, "--tensor-parallel ", c.tensor_parallel,
+             " with --zero ", c.zero,
+             ": ZeRO over the data-parallel dimension of a tensor-parallel run is not built yet; "
+             "use --zero 0");
+  RT_REQUIRE(
+      c.tensor_parallel == 1 || c.device != "cuda", "--tensor-parallel ", c.tensor_parallel,
+      " with --device cuda: this build splits layers with MPI collectives on the host only "
+      "(no NCCL tensor-parallel communicators yet); use --device cpu or --tensor-parallel 1");
   RT_REQUIRE(c.recompute == "none" || c.recompute == "blocks", "--recompute '", c.recompute,
              "' is not valid; expected none or blocks");
   if (!c.memory_budget.empty()) parse_memory_budget(c.memory_budget);  // input error now

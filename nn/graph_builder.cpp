@@ -2,6 +2,7 @@
 // the nodes topologically and infers every shape; build_model then makes the layers and the
 // Model. Errors carry FILE:LINE:COLUMN and the node.
 #include "nn/graph_builder.hpp"
+#include "nn/tensor_parallel.hpp"
 
 #include <unistd.h>
 
@@ -421,9 +422,12 @@ void require_fits_in_memory(const ModelFile& file, const ModelPlan& plan,
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers) {
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers,
+                                   const TensorParallelGroup* group) {
   const ModelPlan plan = plan_model(file);
   std::vector<GraphNode> nodes = make_graph_nodes(file, plan);
+  if (group && group->size > 1)
+    apply_tensor_parallel(nodes, plan, plan_tensor_parallel(plan, group->size), group);
   require_fits_in_memory(file, plan, nodes);
   try {
     auto model =

@@ -37,8 +37,11 @@ struct ModelPlan {
 
 // Needs the input shape and classes (ModelFile::set_data_shape, or a checkpoint's text).
 ModelPlan plan_model(const ModelFile& file);
-// Plans and builds; the Model's text() is file.normalised(). `flat_buffers`: see Model.
-std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers = true);
+// Plans and builds; the Model's text() is file.normalised(). `flat_buffers`: see Model. With a
+// tensor-parallel `group` of more than one rank, the transformer blocks' layers are this
+// rank's part (nn/tensor_parallel.hpp).
+std::unique_ptr<Model> build_model(const ModelFile& file, DType compute, bool flat_buffers = true,
+                                   const TensorParallelGroup* group = nullptr);
 // A shipped model (or a model file) with var overrides ({"width", "8"}), for the data shape
 // given: what tests, benchmarks and tools build.
 std::unique_ptr<Model> build_model(const std::string& name_or_path, const Shape& input,

@@ -7,8 +7,10 @@
 // non-trainable state (BatchNorm's running averages) views into the Model's fp32 buffers.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -40,6 +42,27 @@ enum class Init {
   ones,
 };
 
+// How a parameter of a tensor-parallel layer (nn/tensor_parallel.hpp) is this rank's part of
+// the whole tensor: along `axis`, the whole holds `groups` equal blocks (q, k and v of a
+// fused projection: 3), each cut into `parts` equal pieces; this rank's part is piece `part`
+// of every block, the blocks in order. axis -1: the parameter is whole (replicated).
+struct TensorSplit {
+  int axis = -1;
+  int64_t groups = 1;
+  int part = 0, parts = 1;
+  Shape full;  // the whole tensor's shape (axis >= 0)
+  bool split() const { return axis >= 0; }
+  // [begin, end) along `axis` of the whole tensor, whose concatenation is this part.
+  std::vector<std::pair<int64_t, int64_t>> ranges() const {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    if (!split()) return r;
+    const int64_t block = full[size_t(axis)] / groups, piece = block / parts;
+    for (int64_t g = 0; g < groups; ++g)
+      r.push_back({g * block + part * piece, g * block + (part + 1) * piece});
+    return r;
+  }
+};
+
 struct ParamSpec {
   std::string name;  // within the layer: "weight", "bias"
   Shape shape;
@@ -65,6 +88,7 @@ struct Param {
   double std = 0;
   bool decay = true;        // weight decay applies (ParamSpec::decay unless the model file says)
   bool reads_fp32 = false;  // ParamSpec::reads_fp32
+  TensorSplit split;        // Layer::param_split
   // fp32: the whole parameter; with sharded masters (Model::shard_masters) a full-size copy
   // for parameters read in fp32 and empty for the others.
   Tensor master;
@@ -85,6 +109,17 @@ struct StateBuffer {
 Tensor relu_masked(Context& ctx, kernels::Activation act, const Tensor& y, const Tensor& dy,
                    OwnedTensor& scratch);
 
+// The ranks a tensor-parallel layer is split across (nn/tensor_parallel.hpp): this rank's
+// place, and the in-place sum of a tensor over the group (a collective every member calls).
+struct TensorParallelGroup {
+  int rank = 0, size = 1;
+  std::function<void(const Tensor&)> allreduce_sum;
+};
+// How a layer is split (Megatron-LM): `column` keeps 1/T of the outputs (its input gradient
+// summed over the group), `row` 1/T of the inputs (its output summed over the group, the
+// bias added once), `heads` 1/T of the attention heads.
+enum class TensorSplitRole { column, row, heads };
+
 class Layer {
  public:
   explicit Layer(std::string name) : name_(std::move(name)) {}
@@ -95,6 +130,16 @@ class Layer {
   // Called once the Model has laid out the flat buffers; in param_specs()/buffer_specs() order.
   virtual void bind(std::vector<Param*> params) {}
   virtual void bind_buffers(std::vector<StateBuffer*> buffers) {}
+  // Before the Model lays out the parameters: keep this rank's part of the layer (`groups`:
+  // equal blocks of the outputs, each split separately, for `column`). `group` outlives the
+  // layer. Returns "" when done, else why this layer cannot be split so.
+  virtual std::string split_tensor_parallel(TensorSplitRole /*role*/, int64_t /*groups*/,
+                                            const TensorParallelGroup* /*group*/) {
+    return "its op has no tensor-parallel form";
+  }
+  // How the parameter `name` (a ParamSpec's) is this rank's part of the whole tensor after
+  // split_tensor_parallel; whole by default.
+  virtual TensorSplit param_split(const std::string& /*name*/) const { return {}; }
 
   // Output dtype override (the precision policy keeps the last layer's output in fp32).
   void set_output_dtype(DType t) {
@@ -188,11 +233,22 @@ class Linear final : public Layer {
   std::vector<OwnedTensor*> activation_buffers() override {
     return {&xin_, &weight_cast_, &y_, &dy_masked_, &dx_, &dw_};
   }
+  // column: out_features / T (its input gradient summed over the group); row: in_features
+  // / T (its output summed over the group, the bias added by the group's rank 0).
+  std::string split_tensor_parallel(TensorSplitRole role, int64_t groups,
+                                    const TensorParallelGroup* group) override;
+  TensorSplit param_split(const std::string& name) const override {
+    return name == "weight" ? weight_split_ : bias_split_;
+  }
 
  private:
   int64_t in_, out_;
   kernels::Activation act_;
   bool has_bias_, last_axis_;
+  int64_t fan_in_ = 0;  // the whole layer's in_features (0: in_), for the initialisation
+  const TensorParallelGroup* tp_ = nullptr;
+  TensorSplitRole tp_role_ = TensorSplitRole::column;
+  TensorSplit weight_split_, bias_split_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
   Tensor x_;  // the input of the last forward, viewed 2-D, in this layer's dtype

@@ -75,6 +75,7 @@ Model::Model(std::vector<GraphNode> nodes, DType compute, std::string text, bool
         }
       p.decay = node.decay.value_or(ps.decay);
       p.reads_fp32 = ps.reads_fp32;
+      p.split = layer->param_split(ps.name);
       p.offset = num_params_;
       num_params_ += shape_numel(ps.shape);
       pd.binds.push_back({false, params_.size()});
@@ -231,10 +232,31 @@ void draw_values(const Param& p, uint64_t seed, const Tensor& dst) {
   }
 }
 
+// A tensor-parallel part: the whole tensor drawn (the same values as an unsplit run), this
+// rank's ranges along the split axis copied out.
+void draw_part(const Param& p, uint64_t seed, const Tensor& dst) {
+  const TensorSplit& s = p.split;
+  std::vector<float> whole(size_t(shape_numel(s.full)));
+  draw_values(p, seed, Tensor(whole.data(), s.full, DType::f32));
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < s.axis; ++d) outer *= s.full[size_t(d)];
+  for (size_t d = size_t(s.axis) + 1; d < s.full.size(); ++d) inner *= s.full[d];
+  const int64_t axis_len = s.full[size_t(s.axis)];
+  float* out = dst.as<float>();
+  for (int64_t o = 0; o < outer; ++o)
+    for (const auto& [b, e] : s.ranges()) {
+      const float* src = whole.data() + (o * axis_len + b) * inner;
+      out = std::copy(src, src + (e - b) * inner, out);
+    }
+}
+
 // draw_values, then refuses values that are not finite: an init that makes them (a huge
 // NORMAL std, a degenerate fan) would train on NaN from the first step.
 void draw(const Param& p, uint64_t seed, const Tensor& dst) {
-  draw_values(p, seed, dst);
+  if (p.split.split())
+    draw_part(p, seed, dst);
+  else
+    draw_values(p, seed, dst);
   const float* v = dst.as<float>();
   for (int64_t j = 0; j < dst.numel(); ++j)
     if (!std::isfinite(v[j]))

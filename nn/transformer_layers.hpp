@@ -73,6 +73,9 @@ class CausalSelfAttention final : public Layer {
   std::vector<OwnedTensor*> activation_buffers() override {
     return {&xin_, &y_, &yout_, &lse_, &dyc_, &dx_};
   }
+  // heads: this rank's heads / T, read from a column-parallel qkv (q, k, v of its heads).
+  std::string split_tensor_parallel(TensorSplitRole role, int64_t groups,
+                                    const TensorParallelGroup* group) override;
 
  private:
   int64_t heads_;

@@ -78,6 +78,9 @@ struct TrainConfig {
   double bucket_mb = 25;  // gradient bucket size
   bool overlap = true;    // allreduce buckets while backward runs
   int zero = 0;           // 1: ZeRO-1, optimizer state and fp32 gradients sharded; 2: ZeRO-2
+  // Ranks per tensor-parallel group (consecutive ranks of one node; docs/scaling.md): the
+  // world is T x D, data parallelism over the D groups.
+  int tensor_parallel = 1;
   // none | blocks: each repeat body's activations freed after forward, recomputed in backward
   std::string recompute = "none";
   double stall_timeout = 300;  // seconds in a collective before the job ends (0: never)

@@ -128,7 +128,11 @@ HostMirror::HostMirror(const std::vector<io::NamedTensor>& device_params,
                        const std::vector<io::OptimizerState>& device_optimizer,
                        const std::vector<io::NamedTensor>& device_buffers) {
   auto copy_of = [&](const io::NamedTensor& v) {
-    return io::NamedTensor(v.name, mirror(v.tensor), v.full_shape, v.part_offset);
+    io::NamedTensor m(v.name, mirror(v.tensor), v.full_shape, v.part_offset);
+    m.split_axis = v.split_axis;
+    m.split_ranges = v.split_ranges;
+    m.writes = v.writes;
+    return m;
   };
   for (const auto& v : device_params) params.push_back(copy_of(v));
   for (const auto& v : device_buffers) buffers.push_back(copy_of(v));

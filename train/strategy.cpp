@@ -104,8 +104,9 @@ int64_t ParallelStrategy::gradient_bytes() const {
 }
 
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
-                                                kernels::Backend& backend, Model& model,
-                                                StepObservers& observers) {
+                                                const ProcessGrid& grid, kernels::Backend& backend,
+                                                Model& model, StepObservers& observers) {
+  if (grid.tp() > 1) return make_tensor_parallel(grid, backend, model, cfg.precision, observers);
   if (cfg.zero == 3) return make_zero3(comm, backend, model, cfg.precision, observers);
   if (cfg.zero == 1 || cfg.zero == 2)
     return make_sharded(cfg.zero, comm, backend, model, cfg.precision, observers);

@@ -25,6 +25,7 @@
 #include "train/config.hpp"
 #include "train/device.hpp"
 #include "train/model_source.hpp"
+#include "train/process_grid.hpp"
 #include "train/step_observers.hpp"
 
 namespace ringtrain::launch {
@@ -166,10 +167,15 @@ class ParallelStrategy {
 };
 
 // The strategy the configuration asks for (--zero 0: replicated, 1: ZeRO-1, 2: ZeRO-2,
-// 3: ZeRO-3).
+// 3: ZeRO-3; --tensor-parallel T > 1: tensor-parallel over `grid`, data-parallel over its DP
+// communicator).
 std::unique_ptr<ParallelStrategy> make_strategy(const TrainConfig& cfg, comm::Communicator& comm,
-                                                kernels::Backend& backend, Model& model,
-                                                StepObservers& observers);
+                                                const ProcessGrid& grid, kernels::Backend& backend,
+                                                Model& model, StepObservers& observers);
+// strategy_tensor.cpp: --tensor-parallel T > 1 with --zero 0.
+std::unique_ptr<ParallelStrategy> make_tensor_parallel(const ProcessGrid& grid,
+                                                       kernels::Backend& backend, Model& model,
+                                                       DType precision, StepObservers& observers);
 std::unique_ptr<ParallelStrategy> make_replicated(comm::Communicator& comm,
                                                   kernels::Backend& backend, Model& model,
                                                   DType precision, StepObservers& observers);

@@ -43,8 +43,8 @@ kernels::XentResult Trainer::forward_backward(const io::Batch& batch, int64_t mi
   const auto t0 = Clock::now();
   // Dropout's stream is that of the micro-batch's place in the global batch, so it does not
   // change when ranks and micro-batches trade places (4 ranks x 1 = 2 ranks x 2).
-  const uint64_t slots = uint64_t(comm_.size()) * uint64_t(grad_accum_);
-  const uint64_t slot = uint64_t(comm_.rank()) * uint64_t(grad_accum_) + uint64_t(micro);
+  const uint64_t slots = uint64_t(dp_size()) * uint64_t(grad_accum_);
+  const uint64_t slot = uint64_t(dp_rank()) * uint64_t(grad_accum_) + uint64_t(micro);
   Context ctx{*backend_, cfg_.precision, true,
               mix_seed(mix_seed(cfg_.seed, hash_name("dropout")), uint64_t(step) * slots + slot)};
   const Tensor xb = micro_rows(batch.x, micro, micro_batch_);
@@ -131,7 +131,7 @@ void Trainer::apply_update(int64_t step, const UnscaledGrads& agreed) {
 }
 
 Trainer::UnscaledGrads Trainer::unscale_and_check(float scale) {
-  const float unscale = 1.f / (scale * float(comm_.size()) * float(grad_accum_));
+  const float unscale = 1.f / (scale * float(dp_size()) * float(grad_accum_));
   return strategy_->unscale_and_check(unscale, cfg_.grad_clip > 0.f);
 }
 
@@ -140,8 +140,11 @@ Trainer::UnscaledGrads Trainer::agree_on_step(const kernels::XentResult& xent,
   const bool save_due =
       comm_.rank() == 0 && cfg_.checkpoint_secs > 0 &&
       std::chrono::duration<double>(Clock::now() - last_save_time_).count() >= cfg_.checkpoint_secs;
-  double reduced[6] = {xent.loss_sum,      double(xent.correct),     stop_requested() ? 1. : 0.,
-                       save_due ? 1. : 0., mine.nonfinite ? 1. : 0., mine.sum_sq};
+  // The ranks of a tensor-parallel group compute the same loss: its rank 0 counts it.
+  const bool counts_loss = grid_->tp_rank() == 0;
+  double reduced[6] = {counts_loss ? xent.loss_sum : 0., counts_loss ? double(xent.correct) : 0.,
+                       stop_requested() ? 1. : 0.,       save_due ? 1. : 0.,
+                       mine.nonfinite ? 1. : 0.,         mine.sum_sq};
   comm_.allreduce(reduced, 6, DType::f64, comm::ReduceOp::sum);
   if (reduced[2] > 0) {  // rare: which rank (the lowest) received which signal
     int64_t who =
@@ -163,6 +166,7 @@ Trainer::UnscaledGrads Trainer::agree_on_step(const kernels::XentResult& xent,
 
 StepRecord Trainer::step_once() {
   const int64_t step = step_ + 1;
+  grid_->set_step(step);
   observers_.begin_step(step);
   StepRecord r;
   observers_.before(Phase::data, step);
@@ -400,10 +404,11 @@ bool Trainer::run_eval() {
 
 int Trainer::run() {
   say(cat("ringtrain ", RINGTRAIN_VERSION, ": ", comm_.size(), " rank(s) on ", comm_.num_nodes(),
-          " node(s), device ", device_str(device_), ", ", backend_->threads(),
-          " thread(s)/rank (from ", threads_rule(cfg_.threads, comm_), "), precision ",
-          dtype_name(cfg_.precision), cfg_.precision == DType::f32 ? "" : " (fp32 masters)",
-          ", global batch ", global_batch_, " (", micro_batch_, "/rank",
+          " node(s), ", grid_->tp() > 1 ? grid_->describe() + ", " : std::string(), "device ",
+          device_str(device_), ", ", backend_->threads(), " thread(s)/rank (from ",
+          threads_rule(cfg_.threads, comm_), "), precision ", dtype_name(cfg_.precision),
+          cfg_.precision == DType::f32 ? "" : " (fp32 masters)", ", global batch ", global_batch_,
+          " (", micro_batch_, "/rank",
           grad_accum_ > 1 ? cat(" x ", grad_accum_, " micro-batches") : std::string(), "), comm ",
           comm_.backend(), " in ", dtype_name(reducer_->result().dtype), ", ",
           reducer_->buckets().size(), " gradient bucket(s)", cfg_.overlap ? " overlapped" : "",

@@ -162,6 +162,13 @@ class Trainer {
 
   TrainConfig cfg_;
   comm::Communicator& comm_;
+  // The ranks as tensor-parallel groups x data-parallel replicas (T = 1: the world is
+  // data-parallel); the data, batches and gradient averages are per data-parallel rank.
+  std::unique_ptr<ProcessGrid> grid_;
+  int dp_size() const { return grid_->dp(); }
+  int dp_rank() const { return grid_->dp_rank(); }
+  // Collective: the grid of --tensor-parallel, its placement agreed.
+  void make_grid();
   Device device_;  // cpu, or this rank's GPU (--device cuda): see train/device.hpp
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Backend> wire_backend_;         // cuda: the wire-dtype casts of buckets

@@ -99,21 +99,21 @@ std::string Trainer::choose_checkpoint() {
 void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
   global_batch_ = global_batch;
   grad_accum_ = grad_accum;
-  RT_REQUIRE(global_batch_ % (comm_.size() * grad_accum_) == 0, "the global batch ", global_batch_,
-             " does not divide by ", comm_.size(), " ranks x --grad-accum ", grad_accum_,
-             "; use --global-batch-size with a multiple of ", comm_.size() * grad_accum_,
+  RT_REQUIRE(global_batch_ % (dp_size() * grad_accum_) == 0, "the global batch ", global_batch_,
+             " does not divide by ", dp_size(), " ranks x --grad-accum ", grad_accum_,
+             "; use --global-batch-size with a multiple of ", dp_size() * grad_accum_,
              " or another --grad-accum");
-  micro_batch_ = global_batch_ / (comm_.size() * grad_accum_);
+  micro_batch_ = global_batch_ / (dp_size() * grad_accum_);
   // The loader hands out this rank's whole slice of the global batch; the step cuts it into
   // grad_accum micro-batches, so the samples of a step do not depend on ranks or K.
   if (tokens_) {
     RT_REQUIRE(cfg_.augment.empty(), "--augment is for images; token data takes none");
-    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, comm_.rank(),
-                                           comm_.size(), cfg_.prefetch);
+    loader_ = std::make_unique<io::Loader>(*tokens_, cfg_.seed, global_batch_, dp_rank(), dp_size(),
+                                           cfg_.prefetch);
   } else {
-    loader_ = std::make_unique<io::Loader>(
-        *data_, cfg_.seed, global_batch_, comm_.rank(), comm_.size(), norm_, cfg_.prefetch,
-        io::parse_augment(cfg_.augment), model_->loss().target_kind() != TargetKind::labels);
+    loader_ = std::make_unique<io::Loader>(*data_, cfg_.seed, global_batch_, dp_rank(), dp_size(),
+                                           norm_, cfg_.prefetch, io::parse_augment(cfg_.augment),
+                                           model_->loss().target_kind() != TargetKind::labels);
   }
   total_steps_ = cfg_.steps ? cfg_.steps : cfg_.epochs * loader_->steps_per_epoch();
   schedule_ = std::make_unique<LrSchedule>(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
@@ -131,7 +131,7 @@ void Trainer::make_loader(int64_t global_batch, int64_t grad_accum) {
 }
 
 int64_t Trainer::resume_grad_accum(const io::CheckpointMeta& m, int64_t g) const {
-  const int64_t w = comm_.size();
+  const int64_t w = dp_size();
   if (cfg_.grad_accum_given) return cfg_.grad_accum;
   // The micro-batch to keep: --batch-size if given, else the one the checkpoint's run used.
   const int64_t saved_micro = m.global_batch / std::max<int64_t>(m.world_size * m.grad_accum, 1);
@@ -141,9 +141,8 @@ int64_t Trainer::resume_grad_accum(const io::CheckpointMeta& m, int64_t g) const
 }
 
 void Trainer::start_from(const std::string& path) {
-  const int64_t requested = cfg_.global_batch_size
-                                ? cfg_.global_batch_size
-                                : cfg_.batch_size * comm_.size() * cfg_.grad_accum;
+  const int64_t requested = cfg_.global_batch_size ? cfg_.global_batch_size
+                                                   : cfg_.batch_size * dp_size() * cfg_.grad_accum;
   if (path.empty()) {  // the strategy makes them every rank's afterwards (start_weights)
     make_loader(requested, cfg_.grad_accum);
     if (!cfg_.init_from.empty()) {  // every rank reads what it holds
@@ -168,16 +167,16 @@ void Trainer::start_from(const std::string& path) {
   // The global batch sequence continues unless --global-batch-size changes it on purpose.
   int64_t g = m.global_batch > 0 && !cfg_.global_batch_size ? m.global_batch : requested;
   if (m.global_batch > 0 && !cfg_.global_batch_size) {
-    RT_REQUIRE(g % comm_.size() == 0, "checkpoint '", path, "' continues global batch ", g,
-               ", which does not divide by ", comm_.size(),
-               " ranks; give --global-batch-size (a multiple of ", comm_.size(),
+    RT_REQUIRE(g % dp_size() == 0, "checkpoint '", path, "' continues global batch ", g,
+               ", which does not divide by ", dp_size(),
+               " ranks; give --global-batch-size (a multiple of ", dp_size(),
                ") to change the global batch");
   }
   const int64_t k = resume_grad_accum(m, g);
-  RT_REQUIRE(!cfg_.batch_size_given || cfg_.batch_size * comm_.size() * k == g, "--batch-size ",
-             cfg_.batch_size, " on ", comm_.size(), " ranks x --grad-accum ", k,
-             " makes global batch ", cfg_.batch_size * comm_.size() * k, ", but checkpoint '", path,
-             "' continues global batch ", g, "; use --batch-size ", g / (comm_.size() * k),
+  RT_REQUIRE(!cfg_.batch_size_given || cfg_.batch_size * dp_size() * k == g, "--batch-size ",
+             cfg_.batch_size, " on ", dp_size(), " ranks x --grad-accum ", k,
+             " makes global batch ", cfg_.batch_size * dp_size() * k, ", but checkpoint '", path,
+             "' continues global batch ", g, "; use --batch-size ", g / (dp_size() * k),
              ", drop --batch-size, or give --global-batch-size to change it");
   make_loader(g, k);
   const auto t_load = Clock::now();

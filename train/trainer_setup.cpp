@@ -22,6 +22,7 @@
 namespace ringtrain::launch {
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg)), comm_(comm) {
+  make_grid();
   run_and_agree(comm_, [&] { setup(); });
   run_and_agree(comm_, [&] { make_reducer(); });  // collective: only after every rank's setup
   if (!cfg_.timeline.empty()) {
@@ -50,7 +51,14 @@ Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm) : cfg_(std::move(cfg
 
 Trainer::Trainer(TrainConfig cfg, comm::Communicator& comm, InputsOnly)
     : cfg_(std::move(cfg)), comm_(comm) {
+  make_grid();
   run_and_agree(comm_, [&] { setup_inputs(); });
+}
+
+void Trainer::make_grid() {
+  grid_ = std::make_unique<ProcessGrid>(comm_, cfg_.tensor_parallel);
+  run_and_agree(comm_, [&] { grid_->require_placement(); });
+  grid_->connect(cfg_.stall_timeout);
 }
 
 void Trainer::check_inputs(TrainConfig cfg, comm::Communicator& comm) {
@@ -84,11 +92,12 @@ void Trainer::setup() {
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   // --zero 3: no whole flat buffer, not even while the strategy shards them.
-  model_ = build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3);
+  model_ = build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3,
+                       grid_->group());
   model_->set_recompute(cfg_.recompute == "blocks");
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
   if (cfg_.zero == 3) refuse_plugin_parameters();
-  strategy_ = make_strategy(cfg_, comm_, *backend_, *model_, observers_);
+  strategy_ = make_strategy(cfg_, comm_, *grid_, *backend_, *model_, observers_);
   strategy_->place_parameters();
   for (const auto& prefix : cfg_.freeze) {
     bool any = false;
@@ -143,9 +152,12 @@ void Trainer::refuse_plugin_parameters() const {
 void Trainer::setup_inputs() {
   load_plugins(cfg_.plugins);  // their ops may be the model's first node
   const auto [sample, classes] = setup_data();
-  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % comm_.size() == 0,
-             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", comm_.size(),
-             " ranks; use a multiple of ", comm_.size(), " or --batch-size");
+  RT_REQUIRE(grid_->tp() == 1 || cfg_.val_data.empty(), "--tensor-parallel ", grid_->tp(),
+             " with --val-data: evaluation of a split model is not built yet; evaluate the "
+             "checkpoints with `ringtrain eval` or use --tensor-parallel 1");
+  RT_REQUIRE(cfg_.global_batch_size == 0 || cfg_.global_batch_size % dp_size() == 0,
+             "--global-batch-size ", cfg_.global_batch_size, " does not divide by ", dp_size(),
+             " ranks; use a multiple of ", dp_size(), " or --batch-size");
   // What the loss reads, before the data's shape and classes meet the model file.
   if (data_) require_targets_fit_loss(ModelFile::load(cfg_.model));
   if (const BestMetric best = parse_best_metric(cfg_.best_metric_text());
@@ -239,7 +251,7 @@ void Trainer::check_memory_budget() {
   // The micro-batch of a fresh start (a resume keeps it unless its options change it).
   const int64_t accum = std::max<int64_t>(cfg_.grad_accum, 1);
   const int64_t micro = cfg_.global_batch_size
-                            ? cfg_.global_batch_size / std::max<int64_t>(comm_.size() * accum, 1)
+                            ? cfg_.global_batch_size / std::max<int64_t>(dp_size() * accum, 1)
                             : cfg_.batch_size;
   const PlanSettings s = plan_settings(micro, accum);
   plan_ = plan_memory(plan_model_, s);

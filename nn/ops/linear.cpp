@@ -12,9 +12,35 @@ using kernels::Activation;
 // ---- Linear ----------------------------------------------------------------------------
 
 std::vector<ParamSpec> Linear::param_specs() const {
-  std::vector<ParamSpec> specs{{"weight", {out_, in_}, in_, Init::fan_in_uniform, out_}};
-  if (has_bias_) specs.push_back({"bias", {out_}, in_, Init::fan_in_uniform, out_, 0, false, true});
+  const int64_t fan_in = fan_in_ ? fan_in_ : in_;
+  std::vector<ParamSpec> specs{{"weight", {out_, in_}, fan_in, Init::fan_in_uniform, out_}};
+  if (has_bias_)
+    specs.push_back({"bias", {out_}, fan_in, Init::fan_in_uniform, out_, 0, false, true});
   return specs;
+}
+
+std::string Linear::split_tensor_parallel(TensorSplitRole role, int64_t groups,
+                                          const TensorParallelGroup* group) {
+  const int64_t t = group->size;
+  if (act_ != Activation::none && role == TensorSplitRole::row)
+    return "a row-parallel linear layer cannot fuse an activation (it applies to the sum)";
+  if (role == TensorSplitRole::heads) return "a linear layer splits by columns or rows";
+  const int part = group->rank, parts = int(t);
+  if (role == TensorSplitRole::column) {
+    if (out_ % (groups * t) != 0)
+      return cat("its ", out_, " outputs do not divide into ", groups, " x ", t, " parts");
+    weight_split_ = {0, groups, part, parts, {out_, in_}};
+    bias_split_ = {0, groups, part, parts, {out_}};
+    out_ /= t;
+  } else {
+    if (in_ % t != 0) return cat("its ", in_, " inputs do not divide into ", t, " parts");
+    weight_split_ = {1, 1, part, parts, {out_, in_}};
+    fan_in_ = in_;
+    in_ /= t;
+  }
+  tp_ = group;
+  tp_role_ = role;
+  return "";
 }
 
 void Linear::bind(std::vector<Param*> params) {
@@ -36,15 +62,19 @@ const Tensor& Linear::forward(Context& ctx, const Tensor& x) {
   x_ = Tensor(xi.data, {n, in_}, xi.dtype, xi.device);
   Tensor& y = y_.ensure({n, out_}, out_dtype(ctx));
   const Tensor& w = weights(ctx, *weight_, weight_cast_);
-  if (bias_ && act_ == Activation::none) {  // the bias from the fp32 masters
-    ctx.backend.gemm_bias(false, true, x_, w, bias_->master, y);
+  // Row-parallel: the partial products are summed over the group, the bias added once.
+  const bool row = tp_ && tp_role_ == TensorSplitRole::row;
+  const Param* bias = row && tp_->rank != 0 ? nullptr : bias_;
+  if (bias && act_ == Activation::none) {  // the bias from the fp32 masters
+    ctx.backend.gemm_bias(false, true, x_, w, bias->master, y);
   } else {
     ctx.backend.gemm(false, true, 1.f, x_, w, 0.f, y);
-    if (bias_)
-      ctx.backend.bias_add(y, bias_->master, act_);
+    if (bias)
+      ctx.backend.bias_add(y, bias->master, act_);
     else if (act_ == Activation::relu)
       ctx.backend.relu(y, y);
   }
+  if (row) tp_->allreduce_sum(y);
   if (last_axis_) {  // computed as [rows, out]; returned with the leading dimensions of x
     y.shape = x.shape;
     y.shape.back() = out_;
@@ -63,6 +93,8 @@ const Tensor& Linear::backward(Context& ctx, const Tensor& dy_in) {
   Tensor& dx = dx_.ensure({dy.dim(0), in_}, dtype(ctx));
   ctx.backend.gemm(false, false, 1.f, dy, weights(ctx, *weight_, weight_cast_), 0.f,
                    dx);  // dx = dy W
+  // Column-parallel: each rank's outputs contribute to the whole input's gradient.
+  if (tp_ && tp_role_ == TensorSplitRole::column) tp_->allreduce_sum(dx);
   dx.shape = x_shape_;
   return dx;
 }

@@ -119,6 +119,15 @@ const Tensor& LayerNorm::backward(Context& ctx, const Tensor& dy_in) {
 
 // ---- CausalSelfAttention ---------------------------------------------------------------
 
+std::string CausalSelfAttention::split_tensor_parallel(TensorSplitRole role, int64_t /*groups*/,
+                                                       const TensorParallelGroup* group) {
+  if (role != TensorSplitRole::heads) return "attention splits by heads";
+  if (heads_ % group->size != 0)
+    return cat("its ", heads_, " heads do not divide into ", group->size, " parts");
+  heads_ /= group->size;
+  return "";
+}
+
 const Tensor& CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   RT_REQUIRE(x.shape.size() == 3 && x.dim(2) % (3 * heads_) == 0, "layer ", name(),
              " takes qkv [batch, T, 3 * width] with the width a multiple of ", heads_,
