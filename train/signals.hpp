@@ -1,7 +1,9 @@
-// SIGUSR1, SIGTERM and SIGINT ask the job to stop: the handler only sets a flag; the
-// trainer agrees on it across ranks at the next step boundary, saves and exits 75.
-// SIGUSR2 asks every rank that gets it for its flight-recorder dump: the handler only writes
-// a byte to a pipe, which the recorder's dump thread reads (comm/flight_recorder.hpp).
+// SIGUSR1, SIGTERM and SIGINT ask the job to stop: a flag is set; the trainer agrees on it
+// across ranks at the next step boundary, saves and exits 75. SIGUSR2 asks every rank that
+// gets it for its flight-recorder dump: a byte is written to a pipe, which the recorder's
+// dump thread reads (comm/flight_recorder.hpp). The first install_* call blocks the four
+// signals in the calling thread (and so in every thread started after it) and starts one
+// thread that takes them with sigwait(): call it first in main, before MPI starts threads.
 #pragma once
 
 #include <string>
