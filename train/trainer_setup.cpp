@@ -92,8 +92,8 @@ void Trainer::setup() {
   // The flat buffers, the optimizer state and the fp32 gradient on the run's device.
   DeviceScope on_device(device_);
   // --zero 3: no whole flat buffer, not even while the strategy shards them.
-  model_ = build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3,
-                       grid_->group());
+  model_ =
+      build_model(*model_file_, cfg_.precision, /*flat_buffers=*/cfg_.zero != 3, grid_->group());
   model_->set_recompute(cfg_.recompute == "blocks");
   plugins_ = plugins_used(*model_file_);  // once: each checkpoint records it
   if (cfg_.zero == 3) refuse_plugin_parameters();
