@@ -113,8 +113,12 @@ ModelFile llama_model_file(const LlamaSizes& s, const std::string& origin) {
     RT_CHECK(head != std::string::npos, "no lm_head in llama-tiny");
     const size_t init = text.find("init {", head);
     RT_CHECK(init != std::string::npos, "lm_head of llama-tiny has no init");
-    const size_t line_end = text.find('\n', init);
-    text.replace(init, line_end - init, "share { param: \"weight\" from: \"embed_tokens.wte\" }");
+    size_t end = init + 6;  // past "init {"; to its closing brace
+    for (int depth = 1; depth > 0; ++end) {
+      RT_CHECK(end < text.size(), "unbalanced init of lm_head");
+      depth += text[end] == '{' ? 1 : text[end] == '}' ? -1 : 0;
+    }
+    text.replace(init, end - init, "share { param: \"weight\" from: \"embed_tokens.wte\" }");
   }
   return ModelFile::parse(text, origin);
 }
