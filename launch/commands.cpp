@@ -547,7 +547,7 @@ int cmd_convert(const std::vector<std::string>& args, comm::Communicator& comm) 
       "  text    --input FILE|DIR|GLOB... [--val-fraction F] [--tokenizer tok.model]\n"
       "                                            byte or SentencePiece tokens for language "
       "models\n"
-      "  hf      --in DIR --out CKPT.h5            a Hugging Face GPT-2 (config.json + "
+      "  hf      --in DIR --out CKPT.h5            a Hugging Face GPT-2 or Llama (config.json + "
       "safetensors)\n"
       "                                            as a ringtrain checkpoint\n"
       "`ringtrain convert FORMAT --help` lists a format's options.\n";

@@ -1,6 +1,6 @@
-// `ringtrain convert hf` and `ringtrain export --format hf`: Hugging Face GPT-2 directories
-// (config.json + safetensors) to a ringtrain checkpoint and back (train/hf_weights.hpp holds
-// the name mapping). convert: every rank maps the files, reads the flat 1/W-th of each tensor
+// `ringtrain convert hf` and `ringtrain export --format hf`: Hugging Face GPT-2 and Llama
+// directories (config.json + safetensors) to a ringtrain checkpoint and back (train/hf_weights.hpp
+// holds the name mapping). convert: every rank maps the files, reads the flat 1/W-th of each tensor
 // it writes (converting and transposing element by element, so no rank holds more than its
 // part) and the ranks write the checkpoint together, each its hyperslabs. export: rank 0
 // reads the checkpoint one tensor at a time straight into the mapped safetensors file (a
@@ -82,7 +82,8 @@ Gpt2Sizes gpt2_sizes(const ModelFile& file, const std::string& checkpoint) {
     RT_REQUIRE(s.count(v) && s.at(v).kind == ExprValue::Kind::integer,
                "export --format hf: ", "checkpoint '", checkpoint, "' holds model '", file.name(),
                "', which is not GPT-2's architecture (it has no var '", v,
-               "'); Hugging Face export supports the GPT-2 model files (gpt-tiny, gpt2-124m)");
+               "'); Hugging Face export supports the GPT-2 model files (gpt-tiny, gpt2-124m) and "
+               "the Llama ones (llama-tiny, llama3-1b)");
   const Gpt2Sizes g{s.at("layers").i,  s.at("heads").i,        s.at("width").i,
                     s.at("context").i, s.at("padded_vocab").i, file.classes()};
   const double dropout = s.count("dropout") ? s.at("dropout").d : 0.0;
@@ -95,17 +96,63 @@ Gpt2Sizes gpt2_sizes(const ModelFile& file, const std::string& checkpoint) {
   return g;
 }
 
+// The Llama sizes of a checkpoint's model (llama-tiny's vars), an input error naming the first
+// node that differs from llama-tiny's graph at those sizes.
+LlamaSizes llama_sizes(const ModelFile& file, const std::string& checkpoint) {
+  const ExprScope s = file.scope();
+  auto num = [&](const char* v) {
+    const ExprValue& x = s.at(v);
+    return x.kind == ExprValue::Kind::integer ? double(x.i) : x.d;
+  };
+  for (const char* v : {"layers", "heads", "kv_heads", "width", "ffn", "context", "padded_vocab"})
+    RT_REQUIRE(s.count(v) && s.at(v).kind == ExprValue::Kind::integer,
+               "export --format hf: ", "checkpoint '", checkpoint, "' holds model '", file.name(),
+               "', which is not Llama's architecture (it has no var '", v, "')");
+  for (const char* v : {"rope_theta", "norm_eps"})
+    RT_REQUIRE(s.count(v) && (s.at(v).kind == ExprValue::Kind::integer ||
+                              s.at(v).kind == ExprValue::Kind::real),
+               "export --format hf: checkpoint '", checkpoint, "' holds model '", file.name(),
+               "', which is not Llama's architecture (it has no var '", v, "')");
+  bool tied = true;
+  for (const auto& [name, shape] : model_param_shapes(file))
+    if (name == "lm_head.weight") tied = false;
+  const LlamaSizes l{s.at("layers").i,
+                     s.at("heads").i,
+                     s.at("kv_heads").i,
+                     s.at("width").i,
+                     s.at("ffn").i,
+                     s.at("context").i,
+                     s.at("padded_vocab").i,
+                     file.classes(),
+                     num("rope_theta"),
+                     num("norm_eps"),
+                     tied};
+  const ModelFile ref = llama_model_file(l, "Llama");
+  const std::string diff =
+      first_difference(plan_model(file), plan_model(ref), "in the checkpoint", "in Llama");
+  RT_REQUIRE(diff.empty(), "export --format hf: checkpoint '", checkpoint, "' holds model '",
+             file.name(), "', which is not Llama's architecture: ", diff);
+  return l;
+}
+
 }  // namespace
 
 std::string export_hf(const std::string& checkpoint, const std::string& out_dir) {
   const io::CheckpointMeta meta = io::read_checkpoint_meta(checkpoint);
   const ModelFile file = model_from_checkpoint(meta, checkpoint);
-  const Gpt2Sizes g = gpt2_sizes(file, checkpoint);
+  const bool llama = file.scope().count("kv_heads") > 0;
+  LlamaSizes l{};
+  Gpt2Sizes g{};
+  if (llama)
+    l = llama_sizes(file, checkpoint);
+  else
+    g = gpt2_sizes(file, checkpoint);
+  const int64_t classes = llama ? l.classes : g.classes;
   // One tensor at a time from the checkpoint: straight into the mapped output, or (Conv1D
   // weights) into one tensor's buffer, transposed into the output.
   std::vector<io::SafetensorsOut> out;
   for (const auto& [name, shape] : model_param_shapes(file)) {
-    const HfName h = gpt2_hf_name(name);
+    const HfName h = llama ? llama_hf_name(name) : gpt2_hf_name(name);
     RT_CHECK(!h.name.empty(), "no HF name for '", name, "'");
     if (h.transpose) {  // ringtrain [O, I] -> Conv1D [I, O]
       const int64_t o_dim = shape[0], i_dim = shape[1];
@@ -119,7 +166,9 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir)
                      }});
     } else {
       Shape s = shape;
-      if (name == "embed.wte") s[0] = g.classes;  // the vocabulary, without the padded rows
+      // The vocabulary, without the padded rows.
+      if (name == "embed.wte" || name == "embed_tokens.wte" || name == "lm_head.weight")
+        s[0] = classes;
       const int64_t n = shape_numel(s);
       // The first n elements of the stored tensor (all of it but the padded rows).
       out.push_back({h.name, s, [=, &checkpoint](float* dst) {
@@ -128,26 +177,50 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir)
                      }});
     }
   }
-  nlohmann::ordered_json config = {{"architectures", {"GPT2LMHeadModel"}},
-                                   {"model_type", "gpt2"},
-                                   {"vocab_size", g.classes},
-                                   {"n_positions", g.context},
-                                   {"n_embd", g.width},
-                                   {"n_layer", g.layers},
-                                   {"n_head", g.heads},
-                                   {"n_inner", nullptr},
-                                   {"activation_function", "gelu_new"},
-                                   {"resid_pdrop", 0.0},
-                                   {"embd_pdrop", 0.0},
-                                   {"attn_pdrop", 0.0},
-                                   {"layer_norm_epsilon", 1e-5},
-                                   {"initializer_range", 0.02},
-                                   {"scale_attn_weights", true},
-                                   {"scale_attn_by_inverse_layer_idx", false},
-                                   {"reorder_and_upcast_attn", false},
-                                   {"tie_word_embeddings", true},
-                                   {"use_cache", true},
-                                   {"torch_dtype", "float32"}};
+  nlohmann::ordered_json config;
+  if (llama)
+    config = {{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"vocab_size", l.classes},
+              {"hidden_size", l.width},
+              {"intermediate_size", l.ffn},
+              {"num_hidden_layers", l.layers},
+              {"num_attention_heads", l.heads},
+              {"num_key_value_heads", l.kv_heads},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", l.context},
+              {"rms_norm_eps", l.norm_eps},
+              {"rope_theta", l.rope_theta},
+              {"rope_scaling", nullptr},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"mlp_bias", false},
+              {"pretraining_tp", 1},
+              {"initializer_range", 0.02},
+              {"tie_word_embeddings", l.tied},
+              {"use_cache", true},
+              {"torch_dtype", "float32"}};
+  else
+    config = {{"architectures", {"GPT2LMHeadModel"}},
+              {"model_type", "gpt2"},
+              {"vocab_size", g.classes},
+              {"n_positions", g.context},
+              {"n_embd", g.width},
+              {"n_layer", g.layers},
+              {"n_head", g.heads},
+              {"n_inner", nullptr},
+              {"activation_function", "gelu_new"},
+              {"resid_pdrop", 0.0},
+              {"embd_pdrop", 0.0},
+              {"attn_pdrop", 0.0},
+              {"layer_norm_epsilon", 1e-5},
+              {"initializer_range", 0.02},
+              {"scale_attn_weights", true},
+              {"scale_attn_by_inverse_layer_idx", false},
+              {"reorder_and_upcast_attn", false},
+              {"tie_word_embeddings", true},
+              {"use_cache", true},
+              {"torch_dtype", "float32"}};
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   RT_REQUIRE(fs::is_directory(out_dir), "--out '", out_dir, "': the directory cannot be created",
@@ -158,6 +231,12 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir)
   io::write_outputs({config_path}, [&](std::string*) {
     io::write_whole_file(config_path + ".tmp", {{text.data(), text.size()}});
   });
+  if (llama)
+    return cat("exported ", checkpoint, " -> ", out_dir,
+               "/{config.json,model.safetensors} (Llama: ", l.layers, " layers, ", l.heads,
+               " heads, ", l.kv_heads, " kv heads, width ", l.width, ", ffn ", l.ffn, ", context ",
+               l.context, ", vocabulary ", l.classes, l.tied ? ", head tied" : ", head untied",
+               "; ", out.size(), " tensors)");
   return cat("exported ", checkpoint, " -> ", out_dir,
              "/{config.json,model.safetensors} (GPT-2: ", g.layers, " layers, ", g.heads,
              " heads, width ", g.width, ", context ", g.context, ", vocabulary ", g.classes, "; ",

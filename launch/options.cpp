@@ -153,7 +153,7 @@ bool parse_train(const std::vector<std::string>& args, TrainConfig& c, std::stri
       ("best-metric", po::value(&c.best_metric), "val_loss | val_accuracy | val_METRIC[:min|max]: the metric --early-stop (and --keep-best, when it names none) follows; default direction: min for loss, mae and rmse, else max")
       ("resume", value_or_default(&c.resume), "auto | never | FILE")
       ("overwrite", po::bool_switch(&c.overwrite), "with --resume never: delete the checkpoints already in --checkpoint-dir")
-      ("init-from", po::value(&c.init_from), "start from these weights only (a ringtrain checkpoint, or a Hugging Face GPT-2 directory): step 0, fresh optimizer state, this run's schedule; the model must have the same tensors (the last node may differ in its classes: it is then freshly initialised). A checkpoint to resume in --checkpoint-dir wins")
+      ("init-from", po::value(&c.init_from), "start from these weights only (a ringtrain checkpoint, or a Hugging Face GPT-2 or Llama directory): step 0, fresh optimizer state, this run's schedule; the model must have the same tensors (the last node may differ in its classes: it is then freshly initialised). A checkpoint to resume in --checkpoint-dir wins")
       ("freeze", po::value(&c.freeze)->composing(), "PREFIX: never update the tensors whose name starts with PREFIX (no step, no weight decay); repeatable");
   po::options_description dev("device and communication");
   dev.add_options()

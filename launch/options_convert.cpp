@@ -113,7 +113,7 @@ bool parse_convert_hf(const std::vector<std::string>& args, ConvertConfig& c, st
   // clang-format off
   po::options_description in("input and output");
   in.add_options()
-      ("in", po::value(&c.hf_dir)->required(), "a Hugging Face model directory: config.json (model_type gpt2) and model.safetensors, or the shards model.safetensors.index.json names")
+      ("in", po::value(&c.hf_dir)->required(), "a Hugging Face model directory: config.json (model_type gpt2 or llama) and model.safetensors, or the shards model.safetensors.index.json names")
       ("out", po::value(&c.out)->required(), "the ringtrain checkpoint to write (ckpt.h5); its directory is created if missing");
   // clang-format on
   po::options_description desc("convert hf options");

@@ -188,7 +188,7 @@ bool parse_export(const std::vector<std::string>& args, ExportConfig& c, std::st
   // clang-format off
   d.add_options()
       ("checkpoint", po::value(&c.checkpoint)->required(), "checkpoint file (ckpt-*.h5)")
-      ("format", value_or_default(&c.format), "onnx, or hf (Hugging Face: config.json + model.safetensors of a GPT-2, for transformers' from_pretrained)")
+      ("format", value_or_default(&c.format), "onnx, or hf (Hugging Face: config.json + model.safetensors of a GPT-2 or Llama, for transformers' from_pretrained)")
       ("out", po::value(&c.out)->required(), "the model file to write (M.onnx), or with --format hf the directory; created if missing")
       ("opset", value_or_default(&c.opset), "ONNX operator set of the graph (17 is the one supported)");
   // clang-format on

@@ -54,9 +54,8 @@ void Trainer::init_weights_from(const std::string& source) {
         model_from_checkpoint(io::read_checkpoint_meta(source), source));
   }
   const ModelFile& src = hf ? hf->model_file() : *theirs;
-  const std::string same =
-      cat("; initialise from a checkpoint of the same model (", src.name(), ": ",
-          model_options(src, hf ? std::string("gpt2-124m") : src.name()), ")");
+  const std::string same = cat("; initialise from a checkpoint of the same model (", src.name(),
+                               ": ", model_options(src, hf ? hf->base_model() : src.name()), ")");
   std::map<std::string, Shape> src_shapes;
   for (auto& [name, shape] : model_param_shapes(src)) src_shapes[name] = shape;
   const std::string head = plan_model(*model_file_).nodes.back().name;
@@ -69,8 +68,9 @@ void Trainer::init_weights_from(const std::string& source) {
                "' (", shape_str(shape), ")", same);
     // A Hugging Face vocabulary padded to this run's embedding rows (the rows beyond it zero,
     // as llm.c pads GPT-2's 50257 to 50304).
-    const bool padded = hf && name == "embed.wte" && shape.size() == 2 && it->second.size() == 2 &&
-                        shape[1] == it->second[1] && shape[0] >= it->second[0];
+    const bool padded = hf && hf->padded_rows(name) && shape.size() == 2 &&
+                        it->second.size() == 2 && shape[1] == it->second[1] &&
+                        shape[0] >= it->second[0];
     if (it->second != shape && !padded) {
       const bool in_head = name.starts_with(head + ".");
       RT_REQUIRE(in_head, "--init-from '", source, "': tensor '", name, "' is ",
@@ -110,8 +110,9 @@ void Trainer::init_weights_from(const std::string& source) {
     load(strategy_->param_views(), buffer_views(*model_));
   }
   model_->refresh_working_copy(*backend_);
-  resumed_from_ = cat("initialised from ", source, hf ? " (Hugging Face GPT-2)" : "",
-                      ": weights only (step 0, fresh optimizer state)");
+  resumed_from_ =
+      cat("initialised from ", source, hf ? cat(" (Hugging Face ", hf->arch_name(), ")") : "",
+          ": weights only (step 0, fresh optimizer state)");
   if (!replaced.empty()) {
     resumed_from_ += cat("; head '", head, "' replaced (classes differ), freshly initialised:");
     for (const auto& r : replaced) resumed_from_ += " " + r;
