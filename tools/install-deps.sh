@@ -30,7 +30,7 @@ packages=(
   dataset-fashion-mnist
   python3-h5py
   python3-numpy python3-pil python3-torch
-  python3-venv python3-pip
+  python3-venv python3-pip python3-dev
   slurm-wlm munge numactl python3-matplotlib
 )
 
